@@ -12,6 +12,7 @@ from hypothesis import settings
 from glimmer.engine import model_loader
 from glimmer.engine.lookahead import LaunchedStep
 from glimmer.engine.scheduler import Scheduler
+from glimmer.model.kernels.packed_linear import packs
 from glimmer.tiny import TinySpec, write_tiny_checkpoint
 
 DEFAULT_SPEC = TinySpec()
@@ -88,9 +89,19 @@ def same_cpu_kernels_in_module():
         yield
 
 
-def _pin_cpu_kernels(patch: pytest.MonkeyPatch) -> None:
-    patch.setattr(model_loader, "stack_keeps_up", lambda text, rows, repeats=5, margin=1.1: True)
-    patch.setattr(model_loader, "packing_pays", lambda weights, rows, repeats=5: False)
+@pytest.fixture(params=["dense", pytest.param("packed", marks=pytest.mark.skipif(
+    not packs("cpu", torch.float32), reason="this torch build has no working oneDNN"))])
+def op_by_op_cpu_kernels(request, monkeypatch) -> str:
+    """`same_cpu_kernels` fixed to the other ways the load-time timings can choose: decode steps op by op, with dense
+    weights and (a second run of the test) with the projections packed for oneDNN. `same_cpu_kernels` covers the C
+    decoder stack alone, so a test comparing two engines exactly takes this as well to cover these. The way's name."""
+    _pin_cpu_kernels(monkeypatch, stack=False, packed=request.param == "packed")
+    return request.param
+
+
+def _pin_cpu_kernels(patch: pytest.MonkeyPatch, *, stack: bool = True, packed: bool = False) -> None:
+    patch.setattr(model_loader, "stack_keeps_up", lambda text, rows, repeats=5, margin=1.1: stack)
+    patch.setattr(model_loader, "packing_pays", lambda weights, rows, repeats=5: packed)
 
 
 @pytest.fixture

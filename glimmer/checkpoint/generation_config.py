@@ -87,7 +87,7 @@ def load_generation_defaults(
     embedded: EmbeddedGenerationConfig | None = None,
     *,
     tokenizer_eos_id: int | None = None,
-    tokenizer_size: int | None = None,
+    id_to_token: Callable[[int], str | None] | None = None,
 ) -> GenerationDefaults:
     """Read `generation_config.json` (optional) and resolve the stop ids (P-TOK-2).
 
@@ -95,7 +95,8 @@ def load_generation_defaults(
     instead of the file; `checkpoint_dir` then names the checkpoint in errors, and a field its source key.
     `tokenizer_eos_id`: the tokenizer's eos_token id, the end-of-text stop id where config.json's eos_token_id is
     null and generation_config.json names none (vLLM stops at it whatever the configs say).
-    `tokenizer_size`: how many tokens the tokenizer has; a stop id at or past it names no token.
+    `id_to_token`: the tokenizer's id -> token lookup (None: no token has that id); a stop id it finds no token for
+    names no token (a padded vocabulary's rows, or a gap in the tokenizer's ids).
     Raises ConfigError naming the file when it is not valid JSON, a field has the wrong type, no stop id
     remains, or a stop id is outside the model's vocabulary or names no token.
     """
@@ -128,12 +129,13 @@ def load_generation_defaults(
             f"(vocab_size={text_config.vocab_size}); the tokenizer and model do not match: "
             f"{_stop_ids_fix(key, tokenizer_eos_id, token_to_id)}"
         )
-    # the model's rows past the tokenizer's tokens (a vocabulary padded to a multiple) are never sampled
-    no_token = [i for i in stop_ids if tokenizer_size is not None and i >= tokenizer_size]
+    # the model's rows past the tokenizer's tokens (a vocabulary padded to a multiple) are never sampled; nor are the
+    # ids a tokenizer skips (its ids can have gaps, as check_tokenizer_fits says), so each id is looked up, not
+    # compared with the tokenizer's token count
+    no_token = [i for i in stop_ids if id_to_token is not None and id_to_token(i) is None]
     if no_token:
         raise ConfigError(
-            f"{origin}: stop ids {no_token} name no token of the tokenizer (it has {tokenizer_size} tokens; the "
-            f"model's vocab_size={text_config.vocab_size} pads it), so generation never stops there; "
+            f"{origin}: stop ids {no_token} name no token of the tokenizer, so generation never stops there; "
             f"{_stop_ids_fix(key, tokenizer_eos_id, token_to_id)}"
         )
 

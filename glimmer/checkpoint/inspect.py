@@ -111,7 +111,7 @@ def _inspect(checkpoint: str | os.PathLike, model_factory: Any,
     tokenizer = tokenizer_factory(opened, config)
     embedded = opened.tokenizer.generation_config if opened.tokenizer is not None else None
     load_generation_defaults(opened.path, config.text, tokenizer.token_to_id, embedded=embedded,
-                             tokenizer_eos_id=tokenizer.eos_token_id, tokenizer_size=tokenizer.vocab_size)
+                             tokenizer_eos_id=tokenizer.eos_token_id, id_to_token=tokenizer.id_to_token)
     warnings = list(config.warnings)
     if config_only:
         warnings.append(f"no weights: {opened.path} holds a config only (as `glimmer make-tiny --config-only` "

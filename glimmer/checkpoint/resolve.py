@@ -22,13 +22,12 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 _HUB_FILES = ["*.json", "*.jinja", "*.txt", "*.model", "*.tiktoken"]
 _HUB_WEIGHTS = ["*.safetensors"]
 _HUB_DRAFTER_WEIGHTS = ["*.safetensors", "head.pt"]  # the HF export, or the vendor's native head.pt
-# the weights the loaders never read: safetensors below the top level (a Trainer's checkpoint-N/ and
-# last-checkpoint/ folders), which the Hub client's patterns, matched against the whole path, would otherwise fetch
-_HUB_NESTED_WEIGHTS = ["*/*.safetensors"]
-# the pickle fallback's files left out: the training state, and every pickle file below the top level (a Trainer's
-# checkpoint-N folders), which the loader never reads (pickle_files takes the top level) and the Hub client's
-# patterns, matched against the whole path, would otherwise fetch
-_HUB_PICKLE_IGNORED = list(TRAINING_STATE_PATTERNS) + [f"*/{pattern}" for pattern in PICKLE_PATTERNS]
+# every file below the top level (a Trainer's checkpoint-N/ and last-checkpoint/ folders: weights, trainer_state.json;
+# a repository's original/tokenizer.model), which the loaders never read (they take the top level alone) and the Hub
+# client's patterns, matched against the whole path, would otherwise fetch
+_HUB_BELOW_TOP_LEVEL = ["*/*"]
+# the pickle fallback's files left out: the training state, and everything below the top level
+_HUB_PICKLE_IGNORED = list(TRAINING_STATE_PATTERNS) + _HUB_BELOW_TOP_LEVEL
 
 
 def resolve_checkpoint(model: str | os.PathLike, *, revision: str | None = None, weights: bool = True,
@@ -38,17 +37,16 @@ def resolve_checkpoint(model: str | os.PathLike, *, revision: str | None = None,
     A directory or a GGUF file that exists is used as it is. The names of the embedded models (`glimmer-nano`,
     `glimmer-nano-dflash`, the names the server reports) are those models. Otherwise a Hub id (`owner/name`) is
     downloaded (or found in the local Hugging Face cache); with `weights=False` only its config, tokenizer and
-    template files are. Its weights are its top-level safetensors files (those below, a Trainer's `checkpoint-N/`
-    folders, are not downloaded: the loader never reads them); with `allow_pickle`, a repository that has none
-    gives its top-level pickle weights instead (not the training state a Trainer uploads beside them, nor its
-    `checkpoint-N/` folders), as vLLM falls back to `*.bin`. Raises CheckpointError saying what was tried and how
+    template files are. Only its top-level files are downloaded (those below, a Trainer's `checkpoint-N/` folders,
+    an `original/` folder, are not: the loaders never read them); its weights are its safetensors files; with
+    `allow_pickle`, a repository that has none gives its pickle weights instead (not the training state a Trainer
+    uploads beside them), as vLLM falls back to `*.bin`. Raises CheckpointError saying what was tried and how
     to fix it.
     """
     local = _local_checkpoint(model)
     if local is not None:
         return local
-    snapshot = _download(str(model), revision, _HUB_FILES + (_HUB_WEIGHTS if weights else []),
-                         _HUB_NESTED_WEIGHTS if weights else None)
+    snapshot = _download(str(model), revision, _HUB_FILES + (_HUB_WEIGHTS if weights else []), _HUB_BELOW_TOP_LEVEL)
     if weights and allow_pickle and not any(snapshot.glob("*.safetensors")):
         snapshot = _download(str(model), revision, _HUB_FILES + list(PICKLE_PATTERNS), _HUB_PICKLE_IGNORED)
     return snapshot
@@ -57,17 +55,17 @@ def resolve_checkpoint(model: str | os.PathLike, *, revision: str | None = None,
 @contextmanager
 def inspected_checkpoint(model: str | os.PathLike, *, revision: str | None = None) -> Iterator[tuple[Path, Path]]:
     """`resolve_checkpoint` for `glimmer inspect`, which reads no weight data: of a Hub id only the config,
-    tokenizer, template and index files are downloaded, and each `*.safetensors` file's header is read from the Hub
-    (a range read) into a temporary copy of that snapshot, as a sparse file of the shard's size with zeros where the
-    tensors are; every check then runs as on a local directory. A Hub id whose weights are already in the local
-    cache is inspected there. Yields the directory to inspect and the one to name in the report (the snapshot, for
-    that temporary copy). Raises CheckpointError."""
+    tokenizer, template and index files at its top level are downloaded, and each top-level `*.safetensors` file's
+    header is read from the Hub (a range read) into a temporary copy of that snapshot, as a sparse file of the
+    shard's size with zeros where the tensors are; every check then runs as on a local directory. A Hub id whose
+    weights are already in the local cache is inspected there. Yields the directory to inspect and the one to name
+    in the report (the snapshot, for that temporary copy). Raises CheckpointError."""
     local = _local_checkpoint(model)
     if local is not None:
         yield local, local
         return
     text = str(model)
-    snapshot = _download(text, revision, _HUB_FILES)
+    snapshot = _download(text, revision, _HUB_FILES, _HUB_BELOW_TOP_LEVEL)
     if any(snapshot.glob("*.safetensors")):
         yield snapshot, snapshot
         return
@@ -105,20 +103,18 @@ def is_hub_id(text: str) -> bool:
 def download_drafter(hub_id: str, *, weights: bool = True) -> Path:
     """The local directory of the DFlash drafter `hub_id` (owner/name): its config and weights (safetensors, or
     the vendor's native head.pt; with `weights=False` the config alone) downloaded, or found in the local Hugging
-    Face cache; safetensors below its top level are not, as for a model. Raises CheckpointError."""
-    return _download(hub_id, None, _HUB_FILES + (_HUB_DRAFTER_WEIGHTS if weights else []),
-                     _HUB_NESTED_WEIGHTS if weights else None)
+    Face cache; files below its top level are not, as for a model. Raises CheckpointError."""
+    return _download(hub_id, None, _HUB_FILES + (_HUB_DRAFTER_WEIGHTS if weights else []), _HUB_BELOW_TOP_LEVEL)
 
 
-def _download(text: str, revision: str | None, patterns: list[str], ignored: list[str] | None = None) -> Path:
+def _download(text: str, revision: str | None, patterns: list[str], ignored: list[str]) -> Path:
     try:
         from huggingface_hub import snapshot_download
         from huggingface_hub.errors import LocalEntryNotFoundError
     except ImportError as exc:  # pragma: no cover - huggingface_hub is a dependency
         raise CheckpointError(f"cannot resolve Hub id {text!r}: huggingface_hub is not installed") from exc
     try:
-        ignoring = {"ignore_patterns": ignored} if ignored else {}  # the call as before where nothing is left out
-        return Path(snapshot_download(text, revision=revision, allow_patterns=patterns, **ignoring))
+        return Path(snapshot_download(text, revision=revision, allow_patterns=patterns, ignore_patterns=ignored))
     except LocalEntryNotFoundError as exc:
         raise CheckpointError(
             f"model {text!r} is not a local directory and could not be downloaded from the Hugging Face Hub "

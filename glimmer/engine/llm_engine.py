@@ -362,7 +362,7 @@ class LLMEngine:
         self.generation_defaults: GenerationDefaults = load_generation_defaults(
             self.checkpoint_dir, text, self.tokenizer.token_to_id,
             embedded=embedded.generation_config if embedded is not None else None,
-            tokenizer_eos_id=self.tokenizer.eos_token_id, tokenizer_size=self.tokenizer.vocab_size,
+            tokenizer_eos_id=self.tokenizer.eos_token_id, id_to_token=self.tokenizer.id_to_token,
         )
         on_cuda = self.device.type == "cuda"
         self.scheduler_config = SchedulerConfig(

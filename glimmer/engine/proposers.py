@@ -309,29 +309,28 @@ class ReplayProposer:
         return drafts
 
 
+def _per_sequence_schedule(correct_at: Callable[[int], int]) -> Callable[[Sequence, int], int]:
+    """A `correct` schedule for ReplayProposer giving a sequence's t-th proposal correct_at(t) correct tokens. The
+    count t is kept per sequence object, weakly: a finished sequence's id can be a new one's, and a new sequence must
+    start the schedule afresh (a schedule keyed by id() made seeded runs differ by chance)."""
+    counts: weakref.WeakKeyDictionary[Sequence, int] = weakref.WeakKeyDictionary()
+
+    def correct(seq: Sequence, k: int) -> int:
+        t = counts.get(seq, 0)
+        counts[seq] = t + 1
+        return correct_at(t)
+
+    return correct
+
+
 def forced_acceptance(mean_accepted: float) -> Callable[[Sequence, int], int]:
     """A `correct` schedule for ReplayProposer whose long-run mean of correct tokens per step is
     `mean_accepted` (so the mean acceptance length is mean_accepted + 1): floor((t+1)·m) − floor(t·m) at a
     sequence's t-th proposal."""
-    counts: weakref.WeakKeyDictionary[Sequence, int] = weakref.WeakKeyDictionary()
-
-    def correct(seq: Sequence, k: int) -> int:
-        t = counts.get(seq, 0)
-        counts[seq] = t + 1
-        return int((t + 1) * mean_accepted) - int(t * mean_accepted)
-
-    return correct
+    return _per_sequence_schedule(lambda t: int((t + 1) * mean_accepted) - int(t * mean_accepted))
 
 
 def cycling_acceptance(*pattern: int) -> Callable[[Sequence, int], int]:
     """A `correct` schedule for ReplayProposer: a sequence's t-th proposal has pattern[t % len(pattern)] correct
-    tokens (at most k). Kept per sequence object, weakly: a finished sequence's id can be a new one's, and a new
-    sequence must start the pattern afresh (a schedule keyed by id() made seeded runs differ by chance)."""
-    counts: weakref.WeakKeyDictionary[Sequence, int] = weakref.WeakKeyDictionary()
-
-    def correct(seq: Sequence, k: int) -> int:
-        t = counts.get(seq, 0)
-        counts[seq] = t + 1
-        return pattern[t % len(pattern)]
-
-    return correct
+    tokens (ReplayProposer keeps it to the k proposed and to the continuation it knows)."""
+    return _per_sequence_schedule(lambda t: pattern[t % len(pattern)])

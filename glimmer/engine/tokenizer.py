@@ -352,9 +352,18 @@ class Tokenizer:
         return self.encode_text(placeholder.sub(lambda match: literals[match.group()], piece))
 
     @cached_property
-    def _special_tokens(self) -> dict[str, AddedToken]:
+    def _special_added_tokens(self) -> dict[int, AddedToken]:
+        """id -> added token of every special token: each flagged special in tokenizer.json, and the protocol's
+        framing markers whatever their flag (P-TOK-3: they carry the turn's framing). The one source of
+        `all_special_ids`, `control_tokens`, the split at special tokens and the literal backend: a marker flagged
+        `special: false` that one of them missed would let caller text forge a turn's framing."""
         decoder = self._backend.get_added_tokens_decoder()
-        return {added.content: added for added in decoder.values() if added.special}
+        return {token_id: added for token_id, added in decoder.items()
+                if added.special or added.content in FRAMING_MARKERS}
+
+    @cached_property
+    def _special_tokens(self) -> dict[str, AddedToken]:
+        return {added.content: added for added in self._special_added_tokens.values()}
 
     @cached_property
     def _special_pattern(self) -> re.Pattern[str]:
@@ -363,8 +372,13 @@ class Tokenizer:
 
     @cached_property
     def _literal_backend(self) -> HFTokenizer:
-        """A copy of the backend that tokenizes special-token spellings as plain text."""
-        backend = HFTokenizer.from_str(self._backend.to_str())
+        """A copy of the backend that tokenizes special-token spellings as plain text. The backend matches an added
+        token not flagged special even so, so the framing markers are flagged special in the copy first."""
+        state = json.loads(self._backend.to_str())
+        for added in state["added_tokens"]:
+            if added["content"] in FRAMING_MARKERS:
+                added["special"] = True
+        backend = HFTokenizer.from_str(json.dumps(state))
         backend.encode_special_tokens = True
         return backend
 
@@ -377,7 +391,8 @@ class Tokenizer:
 
     @property
     def control_tokens(self) -> tuple[str, ...]:
-        """Spellings of the tokens flagged special (framing, media, reserved): what caller text may not produce."""
+        """Spellings of the special tokens (framing whatever its flag, media, reserved): what caller text may not
+        produce."""
         return tuple(self._special_tokens)
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -470,16 +485,14 @@ class Tokenizer:
     @cached_property
     def all_special_ids(self) -> tuple[int, ...]:
         """Ids of every added token flagged special in tokenizer.json, and of the protocol's framing markers whatever
-        their flag (P-TOK-3: they carry the turn's framing; a tokenizer flagging `<|eot|>` `special: false` had every
-        grammar-backed chat turn refused and its `<|eot|>` kept as text), ascending.
+        their flag (`_special_added_tokens`; a tokenizer flagging `<|eot|>` `special: false` had every grammar-backed
+        chat turn refused and its `<|eot|>` kept as text), ascending.
 
         This is the set `skip_special_tokens` would drop (as transformers' `decode` drops them), wider than
         transformers' `all_special_ids` (named tokens only, `LLMTokenizer.all_special_ids`): for Muse it includes the
         framing and media tokens and the reserved ones.
         """
-        decoder = self._backend.get_added_tokens_decoder()
-        return tuple(sorted(token_id for token_id, added in decoder.items()
-                            if added.special or added.content in FRAMING_MARKERS))
+        return tuple(sorted(self._special_added_tokens))
 
     @cached_property
     def hidden_in_replies(self) -> frozenset[int]:

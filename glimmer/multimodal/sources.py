@@ -194,12 +194,13 @@ def media_from_part(part: Mapping[str, Any], where: str | None = None) -> tuple[
     kind = part.get("type")
     if kind not in MEDIA_KINDS:
         return None
+    named_part = where or f"{'an' if kind == 'image' else 'a'} {kind} content part"
     keys = (kind, f"{kind}_url", "url", "path", f"{kind}_pil")
     given = [key for key in keys if part.get(key) is not None]
     if len(given) > 1:  # which one the client meant is not known; taking the first dropped the others silently
         times = "twice" if len(given) == 2 else f"{len(given)} times"
         named = f"{', '.join(given[:-1])} and {given[-1]}"
-        raise RequestError(f"{where or f'a {kind} content part'} gives its {kind} {times}, as {named}; give it once",
+        raise RequestError(f"{named_part} gives its {kind} {times}, as {named}; give it once",
                            param=where or "messages")
     for key in keys:
         if key in part and part[key] is not None:
@@ -226,8 +227,7 @@ def media_from_part(part: Mapping[str, Any], where: str | None = None) -> tuple[
                                    f"or an http(s) URL), not {type(value).__name__}",
                                    param=field if where else "messages")
             return kind, value
-    article = "an" if kind == "image" else "a"
-    raise RequestError(f"{where or f'{article} {kind} content part'} has no {kind}, {kind}_url.url or url field",
+    raise RequestError(f"{named_part} has no {kind}, {kind}_url.url or url field",
                        param=where or "messages")
 
 

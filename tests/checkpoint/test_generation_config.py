@@ -277,22 +277,53 @@ def test_a_null_eos_with_no_eot_in_the_tokenizer_is_refused_naming_the_field(tmp
                                  lambda token: None if token == "<|eot|>" else tok.token_to_id(token))
 
 
-@pytest.mark.parametrize("eos", [[485, 500], 511])
-def test_a_stop_id_in_the_models_padded_vocabulary_but_no_token_is_refused_naming_the_fix(make_tiny, tmp_path, eos):
+def _checkpoint_with_eot_moved_to_505(make_tiny, tmp_path):
+    """The tiny checkpoint with <|eot|> moved from id 481 to 505 (special tokens in the model vocabulary too, as
+    tiktoken conversions write them): the tokenizer still has 499 tokens, id 481 is a gap, and 505 is <|eot|>."""
+    import shutil
+
+    checkpoint = tmp_path / "gapped"
+    shutil.copytree(make_tiny(), checkpoint)
+    state = json.loads((checkpoint / "tokenizer.json").read_text())
+    for added in state["added_tokens"]:
+        if added["content"] == "<|eot|>":
+            added["id"] = 505
+        state["model"]["vocab"][added["content"]] = added["id"]
+    (checkpoint / "tokenizer.json").write_text(json.dumps(state))
+    return checkpoint
+
+
+@pytest.mark.parametrize(("gapped", "eos", "unknown", "eot_id"), [
+    (False, [485, 500], [500], 481), (False, 511, [511], 481), (True, [485, 481], [481], 505)])
+def test_a_stop_id_naming_no_token_is_refused_naming_the_fix(make_tiny, tmp_path, gapped, eos, unknown, eot_id):
     """The tiny model's vocabulary (512 rows) pads its tokenizer's 499 tokens. An eos_token_id naming a padding row
     (a generation_config.json from another model) loaded without a word: no token has that id, so generation never
-    stopped there. It is refused naming the file, the field, and the ids to set."""
+    stopped there. So did one naming a gap in the tokenizer's ids (<|eot|> moved from 481 to 505), below its token
+    count. Both are refused naming the file, the field, and the ids to set."""
     import shutil
 
     from glimmer import LLM
 
-    checkpoint = tmp_path / "padding-eos"
-    shutil.copytree(make_tiny(), checkpoint)
+    if gapped:
+        checkpoint = _checkpoint_with_eot_moved_to_505(make_tiny, tmp_path)
+    else:
+        checkpoint = tmp_path / "padding-eos"
+        shutil.copytree(make_tiny(), checkpoint)
     (checkpoint / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
-    unknown = [i for i in (eos if isinstance(eos, list) else [eos]) if i >= 499]
     with pytest.raises(ConfigError) as raised:
         LLM(str(checkpoint), progress=False)
     assert str(raised.value) == (
-        f"{checkpoint / 'generation_config.json'} eos_token_id: stop ids {unknown} name no token of the tokenizer "
-        "(it has 499 tokens; the model's vocab_size=512 pads it), so generation never stops there; set eos_token_id "
-        "to the tokenizer's eos_token and <|eot|> ids, [485, 481], or use the tokenizer the model was trained with")
+        f"{checkpoint / 'generation_config.json'} eos_token_id: stop ids {unknown} name no token of the tokenizer, so "
+        f"generation never stops there; set eos_token_id to the tokenizer's eos_token and <|eot|> ids, "
+        f"[485, {eot_id}], or use the tokenizer the model was trained with")
+
+
+def test_a_stop_id_past_the_tokenizers_token_count_that_names_a_token_loads(make_tiny, tmp_path):
+    """<|eot|> at id 505, past the tokenizer's count of 499 tokens: the stop ids the fix names, [485, 505], were
+    refused as naming no token. They load, and generation stops at both."""
+    from glimmer import LLM
+
+    checkpoint = _checkpoint_with_eot_moved_to_505(make_tiny, tmp_path)
+    (checkpoint / "generation_config.json").write_text(json.dumps({"eos_token_id": [485, 505]}))
+    llm = LLM(str(checkpoint), progress=False)
+    assert set(llm.engine.generation_defaults.stop_token_ids) >= {485, 505}

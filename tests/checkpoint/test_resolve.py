@@ -123,7 +123,7 @@ def test_a_hub_pickle_fallback_downloads_no_intermediate_checkpoints(monkeypatch
     (repo / "checkpoint-500").mkdir(parents=True)
     (repo / "config.json").write_text("{}")
     for name in ("pytorch_model.bin", "checkpoint-500/pytorch_model.bin", "checkpoint-500/optimizer.pt",
-                 "checkpoint-500/rng_state.pth", "checkpoint-500/training_args.bin"):
+                 "checkpoint-500/rng_state.pth", "checkpoint-500/training_args.bin", "checkpoint-500/config.json"):
         (repo / name).write_bytes(b"pickled")
     _serve_as_hub(monkeypatch, repo, tmp_path)
     snapshot = resolve_checkpoint("owner/trained", allow_pickle=True)
@@ -131,21 +131,31 @@ def test_a_hub_pickle_fallback_downloads_no_intermediate_checkpoints(monkeypatch
     assert not (snapshot / "checkpoint-500").exists()
 
 
-def test_a_hub_download_fetches_no_safetensors_below_the_top_level(monkeypatch, tmp_path, tiny_checkpoint):
-    """`*.safetensors` is matched against the whole path: a Trainer's upload had every `checkpoint-N/` (and
-    `last-checkpoint/`) folder's weights downloaded beside the model's, a full model's size each, though the loader
-    reads the top-level files alone. The model still loads and answers as from its directory."""
+def test_a_hub_download_fetches_nothing_below_the_top_level(monkeypatch, tmp_path, tiny_checkpoint):
+    """`*.safetensors` (and `*.json`, `*.model`) is matched against the whole path: a Trainer's upload had every
+    `checkpoint-N/` (and `last-checkpoint/`) folder's weights and trainer_state.json downloaded beside the model's,
+    and a repository's original/tokenizer.model too, though the loaders read the top-level files alone. Neither a
+    model's download, its config-only one nor inspect's fetches them; the model still loads and answers as from its
+    directory."""
     from glimmer import LLM, SamplingParams
+    from glimmer.checkpoint.resolve import inspected_checkpoint
 
     repo = tmp_path / "repo"
     shutil.copytree(tiny_checkpoint, repo)
     for folder in ("checkpoint-500", "last-checkpoint", "checkpoint-500/nested"):
         (repo / folder).mkdir(parents=True, exist_ok=True)
         shutil.copy(tiny_checkpoint / "model.safetensors", repo / folder / "model.safetensors")
+        (repo / folder / "trainer_state.json").write_text("{}")
+    (repo / "original").mkdir()
+    (repo / "original" / "tokenizer.model").write_bytes(b"sentencepiece")
     _serve_as_hub(monkeypatch, repo, tmp_path)
     snapshot = resolve_checkpoint("owner/trained")
     assert (snapshot / "model.safetensors").is_file()
-    assert sorted(p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*.safetensors")) == ["model.safetensors"]
+    for fetched in (snapshot, resolve_checkpoint("owner/config-only", weights=False)):
+        assert (fetched / "config.json").is_file()
+        assert [p.relative_to(fetched).as_posix() for p in fetched.rglob("*") if p.parent != fetched] == []
+    with inspected_checkpoint("owner/trained") as (inspected, _):
+        assert [p.relative_to(inspected).as_posix() for p in inspected.rglob("*") if p.parent != inspected] == []
     greedy = SamplingParams(max_tokens=4, temperature=0)
     got = LLM("owner/trained", device="cpu").generate(["Hello"], greedy)
     expected = LLM(str(tiny_checkpoint), device="cpu").generate(["Hello"], greedy)

@@ -57,9 +57,8 @@ def test_requests_joining_at_different_steps_match_one_at_a_time(checkpoint, one
     assert [tokens[f"r{i}"] for i in range(len(prompts))] == one_at_a_time
 
 
-@pytest.mark.parametrize("lookahead", [False, True], ids=["sync", "lookahead"])
-def test_preemption_under_a_tiny_kv_pool_keeps_outputs_identical(checkpoint, one_at_a_time, lookahead, launches,
-                                                                  same_cpu_kernels):
+def _preempted_in_a_tiny_kv_pool(checkpoint, lookahead: bool = False) -> tuple[LLMEngine, list[list[int]]]:
+    """The engine and the tokens of `_prompts()` run together in a pool too small for them, preempting."""
     # 24 pages (a full-attention block takes one, a sliding-window block three) for three running sequences of up
     # to 99 positions each, which need 13 pages each at the end: the pages run out mid-generation. With lookahead, a
     # step launched ahead finds the pages short and lets the scheduler preempt after its read.
@@ -69,9 +68,29 @@ def test_preemption_under_a_tiny_kv_pool_keeps_outputs_identical(checkpoint, one
     prompts = _prompts()
     tokens = _drive(engine, {0: [(f"r{i}", p) for i, p in enumerate(prompts)]})
     assert engine.scheduler.num_preemptions > 0
-    assert bool(launches["steps"]) == lookahead
-    assert [tokens[f"r{i}"] for i in range(len(prompts))] == one_at_a_time
     assert all(used == 0 for used, _ in engine.kv.usage().values())
+    return engine, [tokens[f"r{i}"] for i in range(len(prompts))]
+
+
+@pytest.mark.parametrize("lookahead", [False, True], ids=["sync", "lookahead"])
+def test_preemption_under_a_tiny_kv_pool_keeps_outputs_identical(checkpoint, one_at_a_time, lookahead, launches,
+                                                                  same_cpu_kernels):
+    _, tokens = _preempted_in_a_tiny_kv_pool(checkpoint, lookahead)
+    assert bool(launches["steps"]) == lookahead
+    assert tokens == one_at_a_time
+
+
+def test_preemption_keeps_outputs_identical_op_by_op_with_dense_and_packed_weights(checkpoint, op_by_op_cpu_kernels):
+    """The comparison above, its engines' decode steps op by op rather than through the C decoder stack, with dense
+    weights and with projections packed for oneDNN: `same_cpu_kernels` pins the stack, which left these paths'
+    preemption and recompute to the load-time timing's choice."""
+    alone = LLM(str(checkpoint), progress=False, enable_prefix_caching=False)
+    expected = [alone.generate([p], GREEDY)[0].token_ids for p in _prompts()]
+    engine, tokens = _preempted_in_a_tiny_kv_pool(checkpoint)
+    text_model = engine.loaded.model.model.language_model
+    assert text_model.decoder_stack is None
+    assert (text_model.layers[0].self_attn.o_packed is not None) == (op_by_op_cpu_kernels == "packed")
+    assert tokens == expected
 
 
 def test_json_schema_outputs_under_preemption_and_beam_search_in_a_tiny_pool_match_each_request_alone(

@@ -206,6 +206,17 @@ def test_media_parts_are_collected_in_message_order():
         media_from_part({"type": "image"})
 
 
+@pytest.mark.parametrize(("kind", "named"), [("image", "an image content part"), ("video", "a video content part")])
+def test_a_media_part_without_its_path_names_it_with_its_article(kind, named):
+    """With no path to name the part by, a part giving its item twice read "a image content part"."""
+    with pytest.raises(RequestError) as twice:
+        media_from_part({"type": kind, kind: "A", "url": "B"})
+    assert str(twice.value) == f"{named} gives its {kind} twice, as {kind} and url; give it once"
+    with pytest.raises(RequestError) as missing:
+        media_from_part({"type": kind})
+    assert str(missing.value) == f"{named} has no {kind}, {kind}_url.url or url field"
+
+
 def test_an_image_url_without_its_url_names_the_missing_field():
     """Audit: `{"image_url": {}}` used to fail later as "unsupported image input of type NoneType"."""
     messages = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image", "image_url": {}}]}]
