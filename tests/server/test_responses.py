@@ -360,6 +360,17 @@ def test_what_the_model_said_before_its_call_is_rendered_back_before_the_call(se
     assert said in runner.prompts[-1]
 
 
+def _assert_rendered_back_as_written(client, runner, asked_text: str, first, turn: str) -> None:
+    """A follow-up to `first` (the response to `asked_text`, the last prompt run) renders its turn back exactly as the
+    model wrote it (`turn`), with previous_response_id and with its items sent back in `input`."""
+    asked = runner.prompts[-1]
+    _create(client, input="[greet] Thanks", previous_response_id=first.id)
+    assert runner.prompts[-1].startswith(asked + turn)
+    _create(client, input=[{"role": "user", "content": asked_text}, *first.output,
+                           {"role": "user", "content": "[greet] Thanks"}])
+    assert runner.prompts[-1].startswith(asked + turn)
+
+
 def test_a_turn_of_several_messages_is_rendered_back_as_the_model_wrote_it(server, client):
     """A turn where the model wrote to the user, reasoned again, then answered ([reasoning, message, reasoning,
     message]) was rendered back with its first message ending the turn (<|eot|>, where the model wrote <|eom|>): the
@@ -372,12 +383,7 @@ def test_a_turn_of_several_messages_is_rendered_back_as_the_model_wrote_it(serve
     runner.add("[preamble]", turn)
     first = _create(client, input="[preamble] Go")
     assert [item.type for item in first.output] == ["reasoning", "message", "reasoning", "message"]
-    asked = runner.prompts[-1]
-    _create(client, input="[greet] Thanks", previous_response_id=first.id)
-    assert runner.prompts[-1].startswith(asked + turn)
-    _create(client, input=[{"role": "user", "content": "[preamble] Go"}, *first.output,
-                           {"role": "user", "content": "[greet] Thanks"}])
-    assert runner.prompts[-1].startswith(asked + turn)
+    _assert_rendered_back_as_written(client, runner, "[preamble] Go", first, turn)
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -396,12 +402,7 @@ def test_each_message_of_one_channel_is_an_item_of_its_own_rendered_back_as_writ
     assert [(item.type, item.content[0].text) for item in first.output] == [
         ("reasoning", "First."), ("reasoning", "Second."), ("message", "One."), ("message", "Two.")]
     assert ["".join(entry.token for entry in item.content[0].logprobs) for item in first.output[2:]] == ["One.", "Two."]
-    asked = runner.prompts[-1]
-    _create(client, input="[greet] Thanks", previous_response_id=first.id)
-    assert runner.prompts[-1].startswith(asked + turn)
-    _create(client, input=[{"role": "user", "content": "[two-by-two] Go"}, *first.output,
-                           {"role": "user", "content": "[greet] Thanks"}])
-    assert runner.prompts[-1].startswith(asked + turn)
+    _assert_rendered_back_as_written(client, runner, "[two-by-two] Go", first, turn)
 
 
 def test_the_conversion_puts_outputs_in_call_order_and_keeps_their_sources():
