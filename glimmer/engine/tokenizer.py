@@ -373,10 +373,11 @@ class Tokenizer:
     @cached_property
     def _literal_backend(self) -> HFTokenizer:
         """A copy of the backend that tokenizes special-token spellings as plain text. The backend matches an added
-        token not flagged special even so, so the framing markers are flagged special in the copy first."""
+        token not flagged special even so, so every special token (`_special_added_tokens`) is flagged special in the
+        copy first."""
         state = json.loads(self._backend.to_str())
         for added in state["added_tokens"]:
-            if added["content"] in FRAMING_MARKERS:
+            if added["id"] in self._special_added_tokens:
                 added["special"] = True
         backend = HFTokenizer.from_str(json.dumps(state))
         backend.encode_special_tokens = True
