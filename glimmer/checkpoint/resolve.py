@@ -8,7 +8,7 @@ import re
 import shutil
 import struct
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -24,10 +24,8 @@ _HUB_WEIGHTS = ["*.safetensors"]
 _HUB_DRAFTER_WEIGHTS = ["*.safetensors", "head.pt"]  # the HF export, or the vendor's native head.pt
 # every file below the top level (a Trainer's checkpoint-N/ and last-checkpoint/ folders: weights, trainer_state.json;
 # a repository's original/tokenizer.model), which the loaders never read (they take the top level alone) and the Hub
-# client's patterns, matched against the whole path, would otherwise fetch
+# client's patterns, matched against the whole path, would otherwise fetch; every download leaves them out (`_download`)
 _HUB_BELOW_TOP_LEVEL = ["*/*"]
-# the pickle fallback's files left out: the training state, and everything below the top level
-_HUB_PICKLE_IGNORED = list(TRAINING_STATE_PATTERNS) + _HUB_BELOW_TOP_LEVEL
 
 
 def resolve_checkpoint(model: str | os.PathLike, *, revision: str | None = None, weights: bool = True,
@@ -46,9 +44,9 @@ def resolve_checkpoint(model: str | os.PathLike, *, revision: str | None = None,
     local = _local_checkpoint(model)
     if local is not None:
         return local
-    snapshot = _download(str(model), revision, _HUB_FILES + (_HUB_WEIGHTS if weights else []), _HUB_BELOW_TOP_LEVEL)
+    snapshot = _download(str(model), revision, _HUB_FILES + (_HUB_WEIGHTS if weights else []))
     if weights and allow_pickle and not any(snapshot.glob("*.safetensors")):
-        snapshot = _download(str(model), revision, _HUB_FILES + list(PICKLE_PATTERNS), _HUB_PICKLE_IGNORED)
+        snapshot = _download(str(model), revision, _HUB_FILES + list(PICKLE_PATTERNS), TRAINING_STATE_PATTERNS)
     return snapshot
 
 
@@ -65,7 +63,7 @@ def inspected_checkpoint(model: str | os.PathLike, *, revision: str | None = Non
         yield local, local
         return
     text = str(model)
-    snapshot = _download(text, revision, _HUB_FILES, _HUB_BELOW_TOP_LEVEL)
+    snapshot = _download(text, revision, _HUB_FILES)
     if any(snapshot.glob("*.safetensors")):
         yield snapshot, snapshot
         return
@@ -104,17 +102,19 @@ def download_drafter(hub_id: str, *, weights: bool = True) -> Path:
     """The local directory of the DFlash drafter `hub_id` (owner/name): its config and weights (safetensors, or
     the vendor's native head.pt; with `weights=False` the config alone) downloaded, or found in the local Hugging
     Face cache; files below its top level are not, as for a model. Raises CheckpointError."""
-    return _download(hub_id, None, _HUB_FILES + (_HUB_DRAFTER_WEIGHTS if weights else []), _HUB_BELOW_TOP_LEVEL)
+    return _download(hub_id, None, _HUB_FILES + (_HUB_DRAFTER_WEIGHTS if weights else []))
 
 
-def _download(text: str, revision: str | None, patterns: list[str], ignored: list[str]) -> Path:
+def _download(text: str, revision: str | None, patterns: list[str], also_ignored: Iterable[str] = ()) -> Path:
+    """The snapshot of `text` holding its top-level files that match `patterns`, but for `also_ignored`."""
     try:
         from huggingface_hub import snapshot_download
         from huggingface_hub.errors import LocalEntryNotFoundError
     except ImportError as exc:  # pragma: no cover - huggingface_hub is a dependency
         raise CheckpointError(f"cannot resolve Hub id {text!r}: huggingface_hub is not installed") from exc
     try:
-        return Path(snapshot_download(text, revision=revision, allow_patterns=patterns, ignore_patterns=ignored))
+        return Path(snapshot_download(text, revision=revision, allow_patterns=patterns,
+                                          ignore_patterns=[*also_ignored, *_HUB_BELOW_TOP_LEVEL]))
     except LocalEntryNotFoundError as exc:
         raise CheckpointError(
             f"model {text!r} is not a local directory and could not be downloaded from the Hugging Face Hub "
