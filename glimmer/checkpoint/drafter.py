@@ -27,7 +27,7 @@ from glimmer.checkpoint.config_common_fields import read_rope_parameters
 from glimmer.checkpoint.config_fields import Notes, Section, dtype_field_warnings
 from glimmer.checkpoint.gguf_file import is_gguf_path
 from glimmer.checkpoint.mapped_tensors import MappedTensors
-from glimmer.checkpoint.pickle_files import load_weights_only
+from glimmer.checkpoint.pickle_files import DTYPE_NAMES, load_weights_only
 from glimmer.checkpoint.safetensors_files import SafetensorsCheckpoint, TensorInfo
 from glimmer.checkpoint.weight_layouts import DRAFTER_CANONICAL, DRAFTER_NATIVE
 from glimmer.errors import CheckpointError, ConfigError
@@ -179,8 +179,6 @@ class TorchFileTensors:
     format allows it.
     """
 
-    _DTYPE_NAMES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64"}
-
     def __init__(self, file: Path):
         self.directory = file.parent
         self.file = file
@@ -200,7 +198,7 @@ class TorchFileTensors:
             raise CheckpointError(f"{file} holds entries that are not named tensors: {', '.join(stray[:8])}")
         self._tensors: dict[str, torch.Tensor] = dict(loaded)
         self.tensors = {
-            name: TensorInfo(name, tuple(t.shape), self._DTYPE_NAMES.get(t.dtype, str(t.dtype)), file)
+            name: TensorInfo(name, tuple(t.shape), DTYPE_NAMES.get(t.dtype, str(t.dtype)), file)
             for name, t in self._tensors.items()
         }
 
@@ -267,10 +265,10 @@ def open_drafter_checkpoint(
         native, directory = location, location.parent
     elif location.is_dir():
         directory = location
-        for candidate in (directory / NATIVE_FILE, directory / NATIVE_FILE_IN_VENDOR_CHECKOUT):
+        candidates = (directory / NATIVE_FILE, directory / NATIVE_FILE_IN_VENDOR_CHECKOUT)
+        for candidate in candidates:
             refuse_not_a_file(candidate)  # else passed over for the HF layout, and "no weights found"
-        native = next((directory / p for p in (Path(NATIVE_FILE), NATIVE_FILE_IN_VENDOR_CHECKOUT)
-                       if (directory / p).is_file()), None)
+        native = next((candidate for candidate in candidates if candidate.is_file()), None)
     else:
         raise CheckpointError(f"drafter path {location} does not exist; speculative_config.model must be a local "
                               "drafter directory or a native head.pt file")

@@ -34,7 +34,8 @@ logger = logging.getLogger(__name__)
 
 PICKLE_INDEX_FILE = "pytorch_model.bin.index.json"
 PICKLE_PATTERNS = ("*.bin", "*.pt", "*.pth")
-_DTYPE_NAMES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64"}
+# safetensors' dtype names, for the tensors read from pickle files (a model's, a native drafter's)
+DTYPE_NAMES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64"}
 # wrappers some exporters put around the state dict (the native vendor shards nest it under "weights", §5.1)
 _WRAPPER_KEYS = ("state_dict", "weights", "model")
 # the training state transformers' Trainer saves beside the weights of a fine-tuned model (save_model's
@@ -88,7 +89,7 @@ class PickleCheckpoint:
                 if name in self.tensors:
                     raise CheckpointError(f"tensor {name!r} appears in both {self.tensors[name].file.name} and "
                                           f"{file.name}")
-                dtype = _DTYPE_NAMES.get(tensor.dtype, str(tensor.dtype))
+                dtype = DTYPE_NAMES.get(tensor.dtype, str(tensor.dtype))
                 self.tensors[name] = TensorInfo(name, tuple(tensor.shape), dtype, file)
 
     def names(self) -> list[str]:
