@@ -129,7 +129,7 @@ def is_config_only(path: str | os.PathLike) -> bool:
     if not (path.is_dir() and (path / "config.json").is_file()):
         return False
     weight_files = ("*.safetensors", INDEX_FILE, PICKLE_INDEX_FILE, *PICKLE_PATTERNS, "*.gguf")
-    return not any(not is_training_state(p) for pattern in weight_files for p in path.glob(pattern))
+    return all(is_training_state(p) for pattern in weight_files for p in path.glob(pattern))
 
 
 def _refuse_gguf_directory(path: Path, lacking: str = "config.json") -> None:

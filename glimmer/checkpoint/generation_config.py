@@ -132,7 +132,7 @@ def load_generation_defaults(
     # the model's rows past the tokenizer's tokens (a vocabulary padded to a multiple) are never sampled; nor are the
     # ids a tokenizer skips (its ids can have gaps, as check_tokenizer_fits says), so each id is looked up, not
     # compared with the tokenizer's token count
-    no_token = [i for i in stop_ids if id_to_token is not None and id_to_token(i) is None]
+    no_token = [i for i in stop_ids if id_to_token(i) is None] if id_to_token is not None else []
     if no_token:
         raise ConfigError(
             f"{origin}: stop ids {no_token} name no token of the tokenizer, so generation never stops there; "
