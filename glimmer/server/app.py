@@ -212,15 +212,10 @@ def _unknown_route(request: Request) -> str:
     elif path.startswith("/v1/") and at_root != "/" and at_root in _ENDPOINTS:
         message += f"; this server serves {root}{at_root} at the root, beside /v1, as vLLM does " \
                    f"(http://HOST:PORT{root}{at_root})"
-    elif path != "/" and path.endswith("/") and _routed(request.app, {**request.scope, "path": request.scope[
+    elif path != "/" and path.endswith("/") and _allowed_methods(request.app, {**request.scope, "path": request.scope[
             "path"].rstrip("/")}):
         message += f"; this server serves {root}{path.rstrip('/')}: drop the trailing slash"
     return message
-
-
-def _routed(app: FastAPI, scope: Scope) -> bool:
-    """Whether a route (the page files' mount aside) serves the path of `scope`, by any method."""
-    return any(route.matches(scope)[0] != Match.NONE for route in app.router.routes if not isinstance(route, Mount))
 
 
 def _root_path(scope: Scope) -> str:

@@ -223,8 +223,7 @@ class OutputBuilder:
         """A message of `channel` starts: the item of the message before it closes if it is of the same type, so that
         each message is an item of its own (two answers in a row rendered back as one would not be what the model
         wrote); its text then opens the next item."""
-        wanted = "reasoning" if channel == "reasoning" else "message"
-        if self._open is not None and self._open["type"] == wanted:
+        if self._open is not None and _ITEM_CHANNELS[self._open["type"]] == channel:
             return self._close()
         return []
 

@@ -233,7 +233,7 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
             content = _content(item.get("content"), where)
             messages.append({"role": role, "content": content})
             origins.append(MessageSource(where))
-            echo.read(role, _said(content), where, refused=False)
+            echo.read_message(role, content, where)
         elif kind == "function_call_output":
             flush()
             call_id = item.get("call_id")
@@ -328,6 +328,12 @@ class _ChainEcho:
             raise RequestError(f"{where}: duplicate {kind} item: {article} {kind} of the responses "
                                f"previous_response_id continues says the same, so the prompt would hold it "
                                f"twice{_CHAIN_HINT}", param=where)
+
+    def read_message(self, role: str, content: str | list[dict[str, Any]], where: str) -> None:
+        """`read` for a user, system or developer message (never refused), by what it says (`_said`), which is worked
+        out only where the chain says anything: a request continuing none hashes no images."""
+        if where == _CHAIN or self.said:
+            self.read(role, _said(content), where, refused=False)
 
     def read_new(self, where: str) -> None:
         """Reads an item of the input that the chain cannot hold (a call or an output its call_id makes new)."""
