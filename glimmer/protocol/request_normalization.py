@@ -701,34 +701,36 @@ def _check_parameters(parameters: Any, field: str, strict: bool, check_schema: S
         raise RequestError(f'{field} must be a JSON schema of type "object" (a call\'s arguments are an object of '
                            f"named parameters), or be omitted or {{}} for a function without parameters; this one "
                            f"admits {', '.join(sorted(types))}", param=field)
-    _refuse_unwritable_parameter_names(parameters, field)
+    properties, required = object_shape(parameters)
+    _refuse_unwritable_parameter_names(properties, required, field)
     if check_schema is not None:
         check_schema(parameters, field, strict)
     if strict:
-        reason = _root_keyword_a_call_cannot_hold(parameters)
+        reason = _root_keyword_a_call_cannot_hold(parameters, properties, required)
         if reason:
             raise RequestError(f"{field}: {reason}", param=field)
 
 
-def _refuse_unwritable_parameter_names(parameters: Mapping[str, Any], field: str) -> None:
+def _refuse_unwritable_parameter_names(properties: Mapping[str, Any], required: set[str], field: str) -> None:
     """RequestError naming the parameter for a declared parameter name holding `"`: a call writes each parameter's
     name into an ATEM tag, `<atem:parameter name="NAME">`, whose name ends at the first `"` (P-ATEM-1), so no call
     can pass it, and the model's attempt reads as another name (its value was lost). Such a name is refused in a
-    call of the history too (`_check_argument_names`); nested object keys are JSON inside a value and may hold one."""
-    properties, required = object_shape(parameters)
+    call of the history too (`_check_argument_names`); nested object keys are JSON inside a value and may hold one.
+    `properties`, `required`: the parameters object's (`object_shape`)."""
     for name in [*properties, *sorted(required - set(properties))]:
         if '"' in name:
             raise RequestError(f"{field}: the parameter name {name!r} holds '\"', which ends a parameter name in the "
                                "chat format (no call could pass it); rename it", param=f"{field}.properties.{name}")
 
 
-def _root_keyword_a_call_cannot_hold(parameters: Mapping[str, Any]) -> str | None:
+def _root_keyword_a_call_cannot_hold(parameters: Mapping[str, Any], properties: Mapping[str, Any],
+                                     required: set[str]) -> str | None:
     """A keyword of a strict tool's parameters object itself (`root_schemas`) that its calls are not held to: a call
     writes each declared property as an ATEM parameter of its own (P-ATEM-1), as the turn grammar allows them, so an
     `anyOf` or `oneOf` of object shapes, a `minProperties` beyond `required` or a `maxProperties` below the declared
-    properties would be ignored (a call with none of an `anyOf`'s required keys was taken)."""
-    properties, required = object_shape(parameters)
-    writable = [key for key in properties if '"' not in key]  # the others cannot be written (P-ATEM-1)
+    properties would be ignored (a call with none of an `anyOf`'s required keys was taken). `properties`, `required`:
+    the parameters object's (`object_shape`), whose names are all writable (`_refuse_unwritable_parameter_names` ran
+    first)."""
     for schema in root_schemas(parameters):
         for keyword in ("anyOf", "oneOf"):
             if keyword in schema:
@@ -739,9 +741,9 @@ def _root_keyword_a_call_cannot_hold(parameters: Mapping[str, Any]) -> str | Non
         if is_json_number(minimum) and minimum > len(required):
             return (f"minProperties {minimum} at the root of a strict tool's parameters cannot be enforced beyond the "
                     f"{len(required)} keys in required; list the keys in required, or leave minProperties out")
-        if is_json_number(maximum) and maximum < len(writable):
+        if is_json_number(maximum) and maximum < len(properties):
             return (f"maxProperties {maximum} at the root of a strict tool's parameters cannot be enforced below the "
-                    f"{len(writable)} properties it declares; declare at most {maximum}, or leave maxProperties out")
+                    f"{len(properties)} properties it declares; declare at most {maximum}, or leave maxProperties out")
     return None
 
 
