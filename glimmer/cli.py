@@ -302,9 +302,8 @@ def _default_model_note(args: argparse.Namespace) -> str | None:
     return DEFAULT_MODEL_BLURB
 
 
-def _engine_from_args(args: argparse.Namespace) -> tuple[Any, str, str | None]:
-    """(AsyncEngine, served name, the note on the embedded default where it is one) for `serve`, in-process `chat` and
-    `run-batch`."""
+def _engine_from_args(args: argparse.Namespace) -> tuple[Any, str]:
+    """(AsyncEngine, served name) for `serve`, in-process `chat` and `run-batch`."""
     from glimmer.default_model import default_model_dir
     from glimmer.engine.async_engine import AsyncEngine
     from glimmer.engine.llm_engine import EngineConfig
@@ -330,7 +329,7 @@ def _engine_from_args(args: argparse.Namespace) -> tuple[Any, str, str | None]:
     )
     engine = AsyncEngine(config, max_waiting_requests=args.max_waiting_requests,
                          generation_config=args.generation_config)
-    return engine, name, _default_model_note(args)
+    return engine, name
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -400,8 +399,9 @@ def _serve(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
     raise_open_file_limit()
     engine = server = None
     try:
-        engine, name, default_note = _engine_from_args(args)
+        engine, name = _engine_from_args(args)
         sigterm.check()  # a SIGTERM the loading code dropped
+        default_note = _default_model_note(args)
         settings = server_settings(name, engine.engine.model_config.has_vision)
         app = create_app(engine, settings)
         llm_engine = engine.engine
@@ -508,7 +508,8 @@ def _run_batch_file(args: argparse.Namespace, lines: list[Any], sigterm: _Sigter
     from glimmer.server.settings import ServerSettings
 
     with _batch_output(args.output_file, args.input_file) as write_text:
-        engine, name, default_note = _engine_from_args(args)
+        engine, name = _engine_from_args(args)
+        default_note = _default_model_note(args)
         try:
             sigterm.check()  # a SIGTERM the loading code dropped
             if default_note is not None:
@@ -911,7 +912,8 @@ def _chat(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
     if args.limit_mm_per_prompt is not None:
         print(f"vLLM's --limit-mm-per-prompt {_shown_value(args.limit_mm_per_prompt)} changes nothing here: the "
               "terminal chat sends text only, no images or videos", file=sys.stderr)
-    engine, name, default_note = _engine_from_args(args)
+    engine, name = _engine_from_args(args)
+    default_note = _default_model_note(args)
     try:
         sigterm.check()  # a SIGTERM the loading code dropped
         # the terminal is the server's only client: a message too long is refused by the context length it does not

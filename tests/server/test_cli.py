@@ -68,7 +68,7 @@ def test_serve_takes_vllms_prefix_caching_flags(tiny_checkpoint, flags, enabled)
     from glimmer.cli import _engine_from_args
 
     args = build_parser().parse_args(["serve", str(tiny_checkpoint), "--kv-cache-memory", "8MiB", *flags])
-    engine, _, _ = _engine_from_args(args)
+    engine, _ = _engine_from_args(args)
     try:
         assert engine.engine.kv.enable_prefix_caching is enabled
     finally:
@@ -84,7 +84,7 @@ def test_serve_runs_a_vllm_command_line_whose_vllm_options_change_nothing(tiny_c
         "serve", str(tiny_checkpoint), "--kv-cache-memory", "8MiB", "--tensor-parallel-size", "1",
         "--trust-remote-code", "--tokenizer", str(tiny_checkpoint), "--kv-cache-dtype", "auto", "--swap-space", "4",
         "--enable-chunked-prefill", "--disable-log-stats", "--max-logprobs", "20", "--task", "generate"])
-    engine, _, _ = _engine_from_args(args)
+    engine, _ = _engine_from_args(args)
     engine.shutdown()
 
 
@@ -95,7 +95,7 @@ def test_serve_takes_vllms_block_size_and_kv_cache_memory_bytes(tiny_checkpoint)
 
     args = build_parser().parse_args(["serve", str(tiny_checkpoint), "--block-size", "32",
                                       "--kv-cache-memory-bytes", str(8 << 20)])
-    engine, _, _ = _engine_from_args(args)
+    engine, _ = _engine_from_args(args)
     try:
         assert (engine.engine.config.block_size, engine.engine.config.kv_cache_memory) == (32, 8 << 20)
         assert engine.engine.kv.block_size == 32
@@ -805,7 +805,7 @@ def load(args):  # the signal is handled in a weakref callback (an import lock's
     held = Held()
     reference = weakref.ref(held, lambda _: signal.raise_signal(signal.SIGTERM))
     del held
-    return Engine(), "tiny", False
+    return Engine(), "tiny"
 
 glimmer.cli._engine_from_args = load
 """
@@ -850,7 +850,7 @@ def test_sigterm_handled_in_a_weakref_callback_while_the_model_loads_still_stops
         reference = weakref.ref(held, lambda _: signal.raise_signal(signal.SIGTERM))
         del held  # the callback runs here, and so does the handler
         assert reference() is None
-        return LoadedEngine(), "tiny", False
+        return LoadedEngine(), "tiny"
 
     monkeypatch.setattr(glimmer.cli, "_engine_from_args", load_through_a_dropped_sigterm)
     assert glimmer.cli.main(["serve", str(tmp_path / "model"), "--uds", str(tmp_path / "s.sock")]) == 0
