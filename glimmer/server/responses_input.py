@@ -12,7 +12,8 @@
   the template drops the content of a message with calls (§2.1), so an assistant message item followed by calls
   is a message of its own that did not end the turn (`end_turn: false`), as the model wrote it; so is one followed
   by another reasoning or assistant message item (the model's text to the user, then more reasoning, then its
-  answer: one turn, its messages ending `<|eom|>` but the last);
+  answer: one turn, its messages ending `<|eom|>` but the last); a reasoning item with no message or call after it
+  in its turn (a turn max_output_tokens cut while the model reasoned) is its `to=self` message alone;
 - a `function_call_output` item is a tool message answering its `call_id` (its `output` a string, or text and
   `input_image` parts; not missing, null or [], as chat refuses such a tool message), which must name a
   `function_call` item before it, in the input or in the responses it continues (OpenAI refuses an answer to no
@@ -147,8 +148,15 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
     assistant_origin = MessageSource("input")
 
     def flush() -> None:
+        """Append the assistant message being built. One holding reasoning alone (the turn went on with a call or
+        another message, or ended there: max_output_tokens cut it while the model reasoned) is the message to `self`
+        the model wrote (`to=self`, `<|eom|>`: §2.1 ends a non-user recipient's message so): as reasoning alone, the
+        template would render an empty answer after it, a message the model never wrote, and joined to a next
+        reasoning item one `to=self` message where the model wrote two."""
         nonlocal assistant
         if assistant is not None:
+            if assistant["content"] is None and not assistant.get("tool_calls"):
+                assistant = {"role": "assistant", "recipient": "self", "content": assistant["reasoning_content"]}
             messages.append(assistant)
             origins.append(assistant_origin)
             assistant = None
@@ -158,15 +166,6 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
         (`end_turn: false`, `<|eom|>`), as the model wrote it; the template ends one holding calls so itself."""
         if assistant is not None and assistant.get("content") and not assistant.get("tool_calls"):
             assistant["end_turn"] = False
-        flush()
-
-    def flush_reasoning_alone() -> None:
-        """Flush the assistant message holding only reasoning that another reasoning item follows, as the message to
-        `self` the model wrote (`to=self`, `<|eom|>`: §2.1 ends a non-user recipient's message so). As reasoning
-        alone, the template would render an empty answer after it, and joined to the next item's reasoning one
-        `to=self` message where the model wrote two."""
-        nonlocal assistant
-        assistant = {"role": "assistant", "recipient": "self", "content": assistant["reasoning_content"]}
         flush()
 
     def open_assistant(where: str) -> dict[str, Any]:
@@ -195,10 +194,7 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
             turn_calls, turn_ended_at = set(), where  # a new assistant turn, or a message that ends the turn
         after_outputs = kind == "function_call_output"
         if kind == "reasoning":
-            if assistant is not None and (assistant.get("content") or assistant.get("tool_calls")):
-                flush_within_turn()
-            elif assistant is not None and assistant.get("reasoning_content"):
-                flush_reasoning_alone()
+            flush_within_turn()  # each reasoning item is a message of its own, as the model wrote it
             assistant = open_assistant(where)
             text = _reasoning_text(item, where)
             echo.read("reasoning", text, where, refused=True)

@@ -1485,3 +1485,21 @@ def test_tool_schemas_slow_to_check_do_not_hold_the_other_requests(server, monke
         finally:
             health_answered.set()
         assert slow.result().status_code == 200, slow.result().text
+
+
+
+def test_a_turn_cut_while_reasoning_is_rendered_back_as_its_reasoning_alone(server, client):
+    """A response that max_output_tokens cut while the model reasoned holds one reasoning item. Continued, it rendered
+    back as that reasoning then an empty answer to the user (`to=user<|message|><|eot|>`), a message the model never
+    wrote; it renders as the reasoning message alone, ending <|eom|> as §2.1 ends a message to `self`, with
+    previous_response_id or with its items sent back in `input` (then the model goes on with its turn)."""
+    runner = server.engine.engine.runner
+    first = _create(client, input="[greet] Hello!", max_output_tokens=6)
+    (reasoning,) = first.output
+    assert (reasoning.type, first.status) == ("reasoning", "incomplete")
+    turn = f" to=self<|message|>{reasoning.content[0].text}<|eom|>"
+    asked = runner.prompts[-1]
+    _create(client, input="[greet] Thanks", previous_response_id=first.id)
+    assert runner.prompts[-1] == asked + turn + "<|start|>user<|message|>[greet] Thanks<|eot|><|start|>assistant"
+    _create(client, input=[{"role": "user", "content": "[greet] Hello!"}, *first.output])
+    assert runner.prompts[-1] == asked + turn + "<|start|>assistant"
