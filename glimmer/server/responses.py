@@ -106,6 +106,10 @@ def _conversation(request: ResponsesRequest, store: ResponseStore) -> _Conversat
                                "(never stored, expired, evicted or deleted; responses are kept in memory); send the "
                                "whole conversation as input instead", param="previous_response_id",
                                code="previous_response_not_found")
+        if previous.response["status"] == "failed":  # its last item may be cut anywhere, a call's arguments too
+            raise RequestError(f"previous_response_id: the response {request.previous_response_id!r} failed "
+                               f"({previous.response['error']['message']}); continue the response before it, or "
+                               "send the conversation as input", param="previous_response_id")
         items, continued = previous.items + items, len(previous.items)
     fields: dict[str, Any] = {name: getattr(request, name) for name in _PASSED_THROUGH
                               if getattr(request, name) is not None}
@@ -638,4 +642,5 @@ async def _stream(run: _ResponseRun, first: StepDelta, stream: AsyncIterator[Ste
                 yield run.event({"type": "error", "code": error["code"] or error["type"], "message": error["message"],
                                  "param": error["param"]})
                 failed = run.snapshot("failed", {"code": "server_error", "message": error["message"]})
+                run.keep(failed)  # as OpenAI keeps it: its id came with response.created, and GET gives it failed
                 yield run.event({"type": "response.failed", "response": failed})

@@ -1447,12 +1447,17 @@ def test_a_response_stored_under_an_id_replaces_the_one_it_had():
     assert store.get("same") is None
 
 
+def _failing_constraint_body(server) -> dict:
+    """A request whose text.format constraint the model's answer breaks once it has begun (it spells `<|`)."""
+    server.engine.engine.runner.add("[marker]", ' to=user<|message|>"b')
+    text = {"format": {"type": "json_schema", "name": "x", "schema": {"type": "string", "pattern": r"^[ab]<\|x$"}}}
+    return {"model": "tiny", "input": "[marker]", "temperature": 0, "text": text, **EXTRA}
+
+
 def test_a_constraint_that_fails_while_generating_names_the_responses_field(server):
     """The answer may begin otherwise, so the constraint is not refused up front; once it spells `<|` the request
     fails as its own fault, naming `text.format.schema` (the chat layer's name for it is response_format's)."""
-    server.engine.engine.runner.add("[marker]", ' to=user<|message|>"b')
-    text = {"format": {"type": "json_schema", "name": "x", "schema": {"type": "string", "pattern": r"^[ab]<\|x$"}}}
-    body = {"model": "tiny", "input": "[marker]", "temperature": 0, "text": text, **EXTRA}
+    body = _failing_constraint_body(server)
     response = httpx.post(server.base_url + "/responses", json=body, timeout=30)
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == "text.format.schema"
@@ -1461,6 +1466,23 @@ def test_a_constraint_that_fails_while_generating_names_the_responses_field(serv
     (error,) = [json.loads(line[6:]) for line in lines if '"type":"error"' in line]
     assert (error["code"], error["param"]) == ("invalid_request_error", "text.format.schema")
 
+
+
+def test_a_stored_stream_that_failed_is_retrieved_as_failed_and_not_continued(server):
+    """A streamed response that failed midway was never stored: its id came with response.created, and GET answered
+    404 once it had failed. It is kept as its response.failed event shows it, as OpenAI keeps a failed response; a
+    request continuing it is a 400 naming previous_response_id (its last item may be cut anywhere)."""
+    body = _failing_constraint_body(server)
+    with httpx.stream("POST", server.base_url + "/responses", json={**body, "stream": True}, timeout=30) as events:
+        lines = [json.loads(line[6:]) for line in events.iter_lines() if line.startswith("data: ")]
+    failed = lines[-1]
+    assert failed["type"] == "response.failed" and failed["response"]["status"] == "failed"
+    retrieved = httpx.get(f"{server.base_url}/responses/{failed['response']['id']}", timeout=30)
+    assert retrieved.status_code == 200 and retrieved.json() == failed["response"]
+    continued = httpx.post(server.base_url + "/responses", timeout=30, json={
+        "model": "tiny", "input": "[greet] Hi", "previous_response_id": failed["response"]["id"], **EXTRA})
+    assert continued.status_code == 400 and continued.json()["error"]["param"] == "previous_response_id"
+    assert "failed" in continued.json()["error"]["message"]
 
 @pytest.mark.parametrize("path", ["/responses", "/responses/input_tokens"])
 def test_tool_schemas_slow_to_check_do_not_hold_the_other_requests(server, monkeypatch, path):
