@@ -600,6 +600,12 @@ def _refuse_in_progress(response_id: str, context: ServingContext, then: str) ->
                            param="response_id")
 
 
+_FAILURE_CODES = {400: "invalid_prompt"}
+"""The `error.code` of a failed response (OpenAI's ResponseError codes) by the HTTP status of its error: the request's
+own fault (a constraint its answer broke); any other failure is `server_error` (a full queue, 429, is refused before
+the response is created)."""
+
+
 async def _collect(run: _ResponseRun, first: StepDelta, stream: AsyncIterator[StepDelta]) -> dict[str, Any]:
     with run.generating():
         async with contextlib.aclosing(stream):
@@ -635,12 +641,15 @@ async def _stream(run: _ResponseRun, first: StepDelta, stream: AsyncIterator[Ste
             except Exception as exc:  # the status line is sent: report the error as events
                 if isinstance(exc, RequestError):  # a constraint that failed while generating names the chat field
                     exc = responses_error(exc, run.conversation.sources)
-                error = describe_error(exc)[1]["error"]
+                status, body = describe_error(exc)
+                error = body["error"]
                 for event in run.builder.fail():
                     yield run.event(event)
                 # the error's own code where it has one (`shutting_down`, as chat and completions streams report it)
                 yield run.event({"type": "error", "code": error["code"] or error["type"], "message": error["message"],
                                  "param": error["param"]})
-                failed = run.snapshot("failed", {"code": "server_error", "message": error["message"]})
+                failed = run.snapshot("failed", {"code": _FAILURE_CODES.get(status, "server_error"),
+                                                 "message": error["message"], "param": error["param"],
+                                                 "type": error["type"]})
                 run.keep(failed)  # as OpenAI keeps it: its id came with response.created, and GET gives it failed
                 yield run.event({"type": "response.failed", "response": failed})

@@ -1467,6 +1467,26 @@ def test_a_constraint_that_fails_while_generating_names_the_responses_field(serv
     assert (error["code"], error["param"]) == ("invalid_request_error", "text.format.schema")
 
 
+def test_a_failed_response_s_error_code_says_whose_fault_it_was_as_openai_s_codes_do(server):
+    """A failed response's error.code was always `server_error`, even where the request itself was at fault. It is
+    OpenAI's `invalid_prompt` for a constraint the answer broke (with the param and type the error event names), and
+    `server_error` for a failure of the server's (a forced call cut short: type tool_choice_unsatisfied)."""
+    def failed_error(body):
+        with httpx.stream("POST", server.base_url + "/responses", json={**body, "stream": True}, timeout=30) as events:
+            lines = [line[6:] for line in events.iter_lines() if line.startswith("data: ")]
+        failed = pydantic.TypeAdapter(ResponseStreamEvent).validate_python(json.loads(lines[-1]))
+        return failed.type, failed.response.error.model_dump()
+
+    kind, error = failed_error(_failing_constraint_body(server))
+    assert (kind, error["code"], error["type"], error["param"]) == (
+        "response.failed", "invalid_prompt", "invalid_request_error", "text.format.schema")
+    forced = {"model": "tiny", "temperature": 0, **EXTRA, "input": "[greet] Hello!", "tools": [WEATHER_TOOL],
+              "tool_choice": "required", "max_output_tokens": fewest_forced_call_tokens(server, [WEATHER_TOOL])}
+    kind, error = failed_error(forced)
+    assert (kind, error["code"], error["type"], error["param"]) == (
+        "response.failed", "server_error", "tool_choice_unsatisfied", "tool_choice")
+
+
 
 def test_a_stored_stream_that_failed_is_retrieved_as_failed_and_not_continued(server):
     """A streamed response that failed midway was never stored: its id came with response.created, and GET answered
