@@ -450,7 +450,8 @@ def request_error(error: ValidationError, hints: dict[str, str] = _UNION_FIELD_H
 def _refuse_unsupported(request: RequestBody) -> None:
     for name, reason in REFUSED_UNLESS_DEFAULT.items():
         value = getattr(request, name, None)
-        if value not in (None, False) and value != NO_OP_VALUES.get(name):
+        # `is`, not `in (None, False)`: 0 and 0.0 equal False, and a number here is no way of leaving a field unset
+        if value is not None and value is not False and value != NO_OP_VALUES.get(name):
             raise RequestError(f"{name}: {reason}", param=name)
     if request.stream_options is not None and not request.stream:
         raise RequestError("stream_options: only allowed when stream is true", param="stream_options")

@@ -281,6 +281,15 @@ def test_fields_that_would_change_the_output_are_refused_not_ignored(server, fie
     assert error["param"] == param and words in error["message"]
 
 
+@pytest.mark.parametrize("value", [0, 0.0, 1, "none"])
+@pytest.mark.parametrize("name", ["functions", "function_call", "audio", "prediction", "web_search_options"])
+def test_an_unsupported_field_given_a_falsy_number_is_refused_too(server, name, value):
+    """Only null and false leave these fields unset: 0 and 0.0 equal False in Python, and were taken silently
+    (`audio: 0` answered 200) where 1 was refused."""
+    error = error_of(post(server, chat(**{name: value})), 400)
+    assert error["param"] == name and "not supported" in error["message"]
+
+
 @pytest.mark.parametrize(("path", "body", "param"), [
     ("/chat/completions", chat(logprobs=True, top_logprobs=-1), "top_logprobs"),
     ("/chat/completions", chat(prompt_logprobs=-1), "prompt_logprobs"),
