@@ -129,7 +129,10 @@ class StructuredOutputsParams:
     def validate(self) -> None:
         """Raise RequestError naming the first invalid field (run at construction and again when a SamplingParams
         holding it is submitted: a field set afterwards, a second constraint beside the first, is checked too)."""
-        given = [kind for kind in _STRUCTURED_KINDS if getattr(self, kind) not in (None, False)]
+        # first: a json_object of another type (0, 1) would be counted as given, or not, by how it compares to False
+        _check(self.json_object is None or isinstance(self.json_object, bool), "structured_outputs.json_object",
+               "must be a boolean")
+        given = self._given_kinds()
         _check(len(given) == 1, "structured_outputs",
                f"give exactly one of {', '.join(_STRUCTURED_KINDS)} (got {', '.join(given) or 'none'})")
         _check(self.json is None or isinstance(self.json, str | dict), "structured_outputs.json",
@@ -141,12 +144,16 @@ class StructuredOutputsParams:
                "structured_outputs.choice", "must be a non-empty list of strings")
         _check(self.grammar is None or (isinstance(self.grammar, str) and self.grammar.strip() != ""),
                "structured_outputs.grammar", "must be a non-empty grammar text")
-        _check(self.json_object in (None, True, False), "structured_outputs.json_object", "must be a boolean")
         _check(isinstance(self.strict, bool), "structured_outputs.strict", "must be a boolean")
 
     @property
     def kind(self) -> str:
-        return next(kind for kind in _STRUCTURED_KINDS if getattr(self, kind) not in (None, False))
+        return self._given_kinds()[0]
+
+    def _given_kinds(self) -> list[str]:
+        """The constraints set: not None, and `json_object` not False."""
+        return [kind for kind in _STRUCTURED_KINDS
+                if (value := getattr(self, kind)) is not None and value is not False]
 
     @classmethod
     def from_response_format(cls, response_format: object) -> StructuredOutputsParams | None:

@@ -48,6 +48,20 @@ def test_structured_outputs_strict_of_another_type_is_refused(value):
     _refused(lambda: StructuredOutputsParams(json={}, strict=value), "structured_outputs.strict")
 
 
+@pytest.mark.parametrize(("given", "value"), [({}, 1), ({}, 0), ({}, "yes"), ({"regex": "a+"}, 0)])
+def test_structured_outputs_json_object_of_another_type_is_refused(given, value):
+    """`json_object=1` was taken as true and `json_object=0` read as left out ("give exactly one ... (got none)"),
+    where `strict` and the server's `structured_outputs.json_object` refuse a number."""
+    error = _refused(lambda: StructuredOutputsParams(**given, json_object=value), "structured_outputs.json_object")
+    assert "must be a boolean" in str(error)
+
+
+@pytest.mark.parametrize("field", ["json", "regex", "choice", "grammar"])
+def test_a_structured_outputs_constraint_given_as_zero_is_refused_naming_it(field):
+    """0 equals False, and read as the constraint left out: "give exactly one of ... (got none)"."""
+    _refused(lambda: StructuredOutputsParams(**{field: 0}), f"structured_outputs.{field}")
+
+
 @pytest.mark.parametrize(("field", "value", "param"), [
     ("regex", 5, "structured_outputs.regex"), ("choice", ["a"], "structured_outputs"),
     ("regex", "", "structured_outputs.regex"), ("strict", "no", "structured_outputs.strict")])
