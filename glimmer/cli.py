@@ -362,7 +362,7 @@ def _serve(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
 
     import glimmer
     from glimmer.server.app import create_app
-    from glimmer.server.connection import raise_open_file_limit, read_timeout_protocol
+    from glimmer.server.connection import raise_open_file_limit, read_timeout_protocol, server_url
     from glimmer.server.settings import DEFAULT_MAX_REQUEST_BYTES_WITH_MEDIA, ServerSettings
 
     def server_settings(served_name: str, has_vision: bool) -> ServerSettings:
@@ -411,15 +411,13 @@ def _serve(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
         if default_note is not None:
             print(f"No MODEL given: {default_note} Run `glimmer serve MODEL` with a checkpoint directory or "
                   "Hub id to serve a real model.")
-        address = f"[{args.host}]:{args.port}" if ":" in args.host else f"{args.host}:{args.port}"  # IPv6 in brackets
-        scheme = "https" if args.ssl_keyfile else "http"
         key_note = f"API key {'required' if settings.api_key else 'not required'}"
         if args.uds is not None:
             print(f"OpenAI-compatible API on the Unix socket {args.uds}: /v1 ({key_note}); /health, /metrics; "
                   "chat page at /", flush=True)
-        else:
-            print(f"OpenAI-compatible API at {scheme}://{address}/v1 ({key_note}); /health, /metrics; "
-                  f"chat page at {scheme}://{address}/", flush=True)
+        else:  # the port bound, which --port 0 leaves to the system
+            url = server_url("https" if args.ssl_keyfile else "http", args.host, listener.getsockname()[1])
+            print(f"OpenAI-compatible API at {url}/v1 ({key_note}); /health, /metrics; chat page at {url}/", flush=True)
         config = uvicorn.Config(app, log_level=args.uvicorn_log_level or (args.log_level or "INFO").lower(),
                                 timeout_graceful_shutdown=5, access_log=not args.disable_uvicorn_access_log,
                                 # None: uvicorn decides, colouring on a terminal (it asks sys.stdout: none if closed)
@@ -810,9 +808,10 @@ def _engine_options_given(args: argparse.Namespace) -> list[str]:
 
 
 def _bind(host: str, port: int) -> socket.socket:
-    """A socket bound to host:port for the server; UsageError if the address is taken or invalid."""
-    if not 1 <= port <= 65535:
-        raise UsageError(f"--port {port} is not a TCP port; choose one from 1 to 65535")
+    """A socket bound to host:port for the server (port 0: one the system picks); UsageError if the address is
+    taken or invalid."""
+    if not 0 <= port <= 65535:
+        raise UsageError(f"--port {port} is not a TCP port; choose one from 1 to 65535, or 0 for a free one")
     from glimmer.server.connection import tcp_listener
 
     try:
@@ -1598,7 +1597,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="serve a model behind the OpenAI-compatible HTTP API")
     _add_engine_options(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    serve.add_argument("--port", type=int, default=8000,
+                       help="port to listen on (default 8000; 0: a free one, named in the line giving the API's URL)")
     serve.add_argument("--uds", default=None, metavar="PATH",
                        help="listen on a Unix domain socket at PATH instead of --host and --port (vLLM's)")
     serve.add_argument("--api-key", nargs="+", action="extend", default=None, metavar="KEY",

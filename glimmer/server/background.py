@@ -11,7 +11,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from glimmer.errors import GlimmerError
-from glimmer.server.connection import read_timeout_protocol, tcp_listener
+from glimmer.server.connection import read_timeout_protocol, server_url, tcp_listener
 from glimmer.server.settings import DEFAULT_REQUEST_READ_TIMEOUT_S
 
 logger = logging.getLogger(__name__)
@@ -36,8 +36,7 @@ class BackgroundServer:
 
     @property
     def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return server_url("http", self.host, self.port)
 
     def _serve(self) -> None:
         asyncio.run(self._server.serve(sockets=[self._socket]))

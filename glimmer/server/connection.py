@@ -247,6 +247,11 @@ def tcp_listener(host: str, port: int) -> socket.socket:
     return listener
 
 
+def server_url(scheme: str, host: str, port: int) -> str:
+    """`scheme://host:port`, an IPv6 address in brackets."""
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
+
+
 def raise_open_file_limit() -> None:
     """Raise the process's soft limit on open files to its hard limit (as vLLM does at startup), logging it once:
     each client connection takes a file descriptor, and at the common soft limit of 1024 as many idle connections
