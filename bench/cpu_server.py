@@ -33,8 +33,8 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -45,7 +45,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "server"))
-from server_support import free_port, wait_for_health  # noqa: E402
+from server_support import ServeProcess  # noqa: E402
 
 from glimmer.default_model import default_model_dir  # noqa: E402
 from glimmer.engine.llm import LLM  # noqa: E402
@@ -96,19 +96,15 @@ def messages_for(number: int) -> list[dict[str, str]]:
 
 
 @contextlib.contextmanager
-def glimmer_serve(port: int) -> Iterator[None]:
-    """`glimmer serve` with the CLI's defaults on `port`, from when it answers /health; its output is read and
-    dropped."""
+def glimmer_serve() -> Iterator[str]:
+    """`glimmer serve` with the CLI's defaults on a free port: yields its URL once it answers /health."""
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
-    with subprocess.Popen([sys.executable, "-m", "glimmer.cli", "serve", "--port", str(port)], stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, env=env) as process:
-        try:
-            wait_for_health(process, port, timeout_s=300)
-            threading.Thread(target=process.stdout.read, daemon=True).start()  # a full pipe would stall the server
-            yield
-        finally:
-            process.terminate()
+    server = ServeProcess(["-m", "glimmer.cli", "serve"], env=env)
+    try:
+        yield server.wait_until_serving(timeout_s=300)
+    finally:
+        server.stop(signal.SIGTERM)
 
 
 def stream_chat(client: httpx.Client, url: str, number: int, max_tokens: int, include_usage: bool) -> Stream:
@@ -212,9 +208,7 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=8, help="concurrent clients of the load figure")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    with glimmer_serve(port):
+    with glimmer_serve() as url:
         llm = LLM(str(default_model_dir()), progress=False)
         clock = ForwardClock(llm)
         print(f"glimmer-nano on {llm.engine.device} ({llm.engine.dtype}); {args.max_tokens} tokens a stream, "

@@ -1,6 +1,9 @@
-"""Checkpoint tests: make `gguf_export` and `mlx_export` (this folder's writers) importable by the test modules."""
+"""Checkpoint tests: make `gguf_export` and `mlx_export` (this folder's writers) and the server tests' helpers
+(`server_support`, for a checkpoint served by `glimmer serve`) importable by the test modules."""
 
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+here = Path(__file__).parent
+sys.path.insert(0, str(here))
+sys.path.insert(0, str(here.parent / "server"))

@@ -14,7 +14,6 @@ moves its logits by ~0.5 — so only the weights carry a meaningful bound.)
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import gguf
@@ -447,49 +446,33 @@ def test_glimmer_serve_a_gguf_with_mmproj(make_tiny, tmp_path):
     import base64
     import io
     import signal
-    import socket
-    import subprocess
-    import time
 
     import httpx
     from gguf_export import export_mmproj_gguf
     from PIL import Image
+    from server_support import ServeProcess
 
     checkpoint = make_tiny(vision=True, seed=6)
     model_file = export_text_gguf(checkpoint, tmp_path / "tiny.gguf", Q.Q8_0)
     mmproj = export_mmproj_gguf(checkpoint, tmp_path / "mmproj.gguf")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    process = subprocess.Popen([sys.executable, "-m", "glimmer.cli", "serve", str(model_file), "--mmproj", str(mmproj),
-                                "--port", str(port), "--max-model-len", "1024", "--kv-cache-memory", "32MiB"],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    server = ServeProcess(["-m", "glimmer.cli", "serve", str(model_file), "--mmproj", str(mmproj), "--max-model-len",
+                           "1024", "--kv-cache-memory", "32MiB"])
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert process.poll() is None, process.stdout.read()
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline
-            time.sleep(0.3)
+        server_url = server.wait_until_serving()
         buffer = io.BytesIO()
         Image.new("RGB", (56, 56), (10, 200, 30)).save(buffer, format="PNG")
         url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
         body = {"model": "tiny.gguf", "max_tokens": 3, "messages": [{"role": "user", "content": [
             {"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": url}}]}]}
-        reply = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=120)
+        reply = httpx.post(f"{server_url}/v1/chat/completions", json=body, timeout=120)
         assert reply.status_code == 200, reply.text
         assert reply.json()["usage"]["completion_tokens"] >= 1
         body["messages"][0]["content"][1] = {"type": "video_url", "video_url": {"url": _video_data_url(tmp_path)}}
-        refused = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=120)
+        refused = httpx.post(f"{server_url}/v1/chat/completions", json=body, timeout=120)
         assert refused.status_code == 400 and "safetensors" in refused.json()["error"]["message"]
         assert refused.json()["error"]["param"] == "messages[0].content[1]"
     finally:
-        process.send_signal(signal.SIGINT)
-        process.communicate(timeout=30)
+        server.stop(signal.SIGINT, timeout_s=30)
 
 
 def _video_data_url(tmp_path) -> str:

@@ -6,7 +6,6 @@ import contextlib
 import json
 import logging
 import os
-import pty
 import re
 import shutil
 import signal
@@ -14,14 +13,13 @@ import socket
 import ssl
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 import torch
-from server_support import free_port, live_server, wait_for_health
+from server_support import ServeProcess, free_port, live_server, wait_for_health
 
 from glimmer.cli import build_parser
 from glimmer.default_model import DEFAULT_MODEL_NAME
@@ -291,44 +289,38 @@ def test_serve_runs_a_vllm_serve_command_line_with_its_serving_options(tiny_chec
     noted at startup; HTTPS, the root path, uvicorn's log level and access log and the media limits take effect."""
     key, cert = _self_signed(tmp_path)
     trusted = ssl.create_default_context(cafile=str(cert))
-    port = free_port()
-    process = subprocess.Popen([
-        sys.executable, "-m", "glimmer.cli", "serve", str(tiny_checkpoint), "--port", str(port), "--kv-cache-memory",
+    server = ServeProcess([
+        "-m", "glimmer.cli", "serve", str(tiny_checkpoint), "--kv-cache-memory",
         "32MiB", "--dtype", "auto", "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--reasoning-parser",
         "deepseek_r1", "--disable-log-requests", "--max-log-len", "100", "--response-role", "assistant",
         "--ssl-keyfile", str(key), "--ssl-certfile", str(cert), "--root-path", "/api",
         "--uvicorn-log-level", "info", "--disable-uvicorn-access-log", "--limit-mm-per-prompt", '{"image": 2}',
-        "--allowed-methods", "*", "--allowed-headers", "*"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        "--allowed-methods", "*", "--allowed-headers", "*"])
     try:
-        wait_for_health(process, port, scheme="https", verify=trusted)
+        url = server.wait_until_serving(verify=trusted)
+        assert url.startswith("https://127.0.0.1:")
         with pytest.raises(httpx.TransportError):  # HTTPS only
-            httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
-        reply = httpx.post(f"https://127.0.0.1:{port}/v1/completions", verify=trusted, timeout=60,
+            httpx.get(url.replace("https:", "http:") + "/health", timeout=5)
+        reply = httpx.post(f"{url}/v1/completions", verify=trusted, timeout=60,
                            json={"model": tiny_checkpoint.name, "prompt": "hi", "max_tokens": 2})
         assert reply.status_code == 200, reply.text
     finally:
-        process.send_signal(signal.SIGTERM)
-        output = process.communicate(timeout=60)[0]
-    assert process.returncode == 0, output
+        output = server.stop(signal.SIGTERM)
+    assert server.process.returncode == 0, output
     assert "vLLM's --tool-call-parser hermes changes nothing here: tool calls are parsed by the model's own ATEM" \
         in output
     assert "vLLM's --enable-auto-tool-choice changes nothing here" in output
-    assert f"API at https://127.0.0.1:{port}/v1" in output
+    assert f"API at {url}/v1" in output
     assert "GET /health" not in output and "POST /v1/completions" not in output  # no access log
     assert "(torch.float32)" in output  # --dtype auto: the CPU's default
 
 
 def test_serve_takes_vllms_h11_limits_refusing_a_head_too_large_or_too_many_headers(tiny_checkpoint):
     """vLLM's --h11-max-incomplete-event-size and --h11-max-header-count were unrecognized arguments."""
-    port = free_port()
-    process = subprocess.Popen([
-        sys.executable, "-m", "glimmer.cli", "serve", str(tiny_checkpoint), "--port", str(port), "--kv-cache-memory",
-        "32MiB", "--h11-max-incomplete-event-size", "1MiB", "--h11-max-header-count", "8"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    server = ServeProcess(["-m", "glimmer.cli", "serve", str(tiny_checkpoint), "--kv-cache-memory", "32MiB",
+                           "--h11-max-incomplete-event-size", "1MiB", "--h11-max-header-count", "8"])
     try:
-        wait_for_health(process, port)
-        url = f"http://127.0.0.1:{port}/health"
+        url = server.wait_until_serving() + "/health"
         # the server reads a head in pieces (asyncio's 256 KiB): this one outgrows h11's default limit (16 KiB) but
         # not the one given, the next that one
         assert httpx.get(url, headers={"x-note": "a" * 600_000}, timeout=10).status_code == 200
@@ -341,9 +333,8 @@ def test_serve_takes_vllms_h11_limits_refusing_a_head_too_large_or_too_many_head
         assert too_many.status_code == 431
         assert "more than the server's limit of 8 (--h11-max-header-count)" in too_many.json()["error"]["message"]
     finally:
-        process.send_signal(signal.SIGTERM)
-        output = process.communicate(timeout=60)[0]
-    assert process.returncode == 0, output
+        output = server.stop(signal.SIGTERM)
+    assert server.process.returncode == 0, output
 
 
 def test_serve_requires_client_certificates_with_vllms_ssl_ca_certs_and_ssl_cert_reqs(tiny_checkpoint, tmp_path):
@@ -356,19 +347,16 @@ def test_serve_requires_client_certificates_with_vllms_ssl_ca_certs_and_ssl_cert
     without = ssl.create_default_context(cafile=str(cert))
     with_certificate = ssl.create_default_context(cafile=str(cert))
     with_certificate.load_cert_chain(str(client_cert), str(client_key))
-    port = free_port()
-    process = subprocess.Popen([
-        sys.executable, "-m", "glimmer.cli", "serve", str(tiny_checkpoint), "--port", str(port), "--kv-cache-memory",
-        "32MiB", "--ssl-keyfile", str(key), "--ssl-certfile", str(cert), "--ssl-ca-certs", str(client_cert),
-        "--ssl-cert-reqs", "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    server = ServeProcess(["-m", "glimmer.cli", "serve", str(tiny_checkpoint), "--kv-cache-memory", "32MiB",
+                           "--ssl-keyfile", str(key), "--ssl-certfile", str(cert), "--ssl-ca-certs", str(client_cert),
+                           "--ssl-cert-reqs", "2"])
     try:
-        wait_for_health(process, port, scheme="https", verify=with_certificate)
+        url = server.wait_until_serving(verify=with_certificate)
         with pytest.raises(httpx.TransportError):
-            httpx.get(f"https://127.0.0.1:{port}/health", verify=without, timeout=5)
+            httpx.get(f"{url}/health", verify=without, timeout=5)
     finally:
-        process.send_signal(signal.SIGTERM)
-        output = process.communicate(timeout=60)[0]
-    assert process.returncode == 0, output
+        output = server.stop(signal.SIGTERM)
+    assert server.process.returncode == 0, output
 
 
 def test_a_ca_file_without_client_certificates_asked_for_is_warned_of(capsys, tmp_path):
@@ -578,36 +566,28 @@ def test_help_imports_no_torch(argv):
 
 
 def test_serve_without_a_model_serves_the_default_and_says_so(cache_env):
-    """With --port 0 the system picks a free port, and the line giving the API's URL names the port bound (`--port 0`
-    was refused as no TCP port, where uvicorn and the socket API take it to mean any free one)."""
-    process = subprocess.Popen([sys.executable, "-m", "glimmer.cli", "serve", "--port", "0",
-                                "--max-model-len", "2048", "--kv-cache-memory", "50MiB", "--require-cache-salt",
-                                "--trust-request-chat-template"],
-                               env=cache_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    said, reported = [], None
+    """With --port 0 (ServeProcess gives it) the system picks a free port, and the line giving the API's URL names the
+    port bound (`--port 0` was refused as no TCP port, where uvicorn and the socket API take it to mean any free
+    one)."""
+    server = ServeProcess(["-m", "glimmer.cli", "serve", "--max-model-len", "2048", "--kv-cache-memory", "50MiB",
+                           "--require-cache-salt", "--trust-request-chat-template"], env=cache_env)
     try:
-        for line in process.stdout:
-            said.append(line)
-            if reported := re.search(r"OpenAI-compatible API at http://127\.0\.0\.1:(\d+)/v1 ", line):
-                break
-        assert reported, "".join(said)
-        port = int(reported[1])
-        assert port != 0 and f"chat page at http://127.0.0.1:{port}/" in said[-1]
-        wait_for_health(process, port)
-        models = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()
+        url = server.wait_until_serving()
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+", url) and not url.endswith(":0")
+        assert f"chat page at {url}/" in server.output
+        models = httpx.get(f"{url}/v1/models").json()
         assert [m["id"] for m in models["data"]] == [DEFAULT_MODEL_NAME]
-        unsalted = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "hi", "max_tokens": 1})
+        unsalted = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 1})
         assert unsalted.status_code == 400 and unsalted.json()["error"]["param"] == "cache_salt"
         template = "{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}<|start|>assistant"
-        own = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=60, json={
+        own = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
             "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "cache_salt": "s",
             "chat_template": template})
         assert own.status_code == 200, own.text  # the flag reached the server's settings
     finally:
-        process.send_signal(signal.SIGINT)
-        output = "".join(said) + process.communicate(timeout=30)[0]
+        output = server.stop(signal.SIGINT, timeout_s=30)
     assert "embedded demo model glimmer-nano" in output
-    assert process.returncode == 0
+    assert server.process.returncode == 0
     written = [p.relative_to(cache_env["XDG_CACHE_HOME"]) for p in Path(cache_env["XDG_CACHE_HOME"]).rglob("*")
                if p.is_file()]
     assert all(path.parts[:2] == ("glimmer", "cpu-kernels") for path in written), written
@@ -617,49 +597,23 @@ def test_serve_without_a_model_serves_the_default_and_says_so(cache_env):
 def test_a_shutdown_signal_stops_the_server_with_status_0(tiny_checkpoint, shutdown_signal):
     """uvicorn raises the SIGTERM it shut down for again: unhandled, that killed the process with status 143
     before the engine was shut down."""
-    port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "glimmer.cli", "serve", str(tiny_checkpoint), "--port",
-                                str(port), "--kv-cache-memory", "32MiB"],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    server = ServeProcess(["-m", "glimmer.cli", "serve", str(tiny_checkpoint), "--kv-cache-memory", "32MiB"])
     try:
-        wait_for_health(process, port)
+        server.wait_until_serving()
     finally:
-        process.send_signal(shutdown_signal)
-        output = process.communicate(timeout=60)[0]
-    assert process.returncode == 0, output
+        output = server.stop(shutdown_signal)
+    assert server.process.returncode == 0, output
     assert "Finished server process" in output and "Traceback" not in output
-
-
-def _read_until_closed(terminal: int, into: list[bytes]) -> threading.Thread:
-    """A thread appending what a pseudo-terminal's process writes to `into` until it closes its end."""
-    def read() -> None:
-        with contextlib.suppress(OSError):  # EIO once the process's end is closed
-            while chunk := os.read(terminal, 65536):
-                into.append(chunk)
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    return reader
 
 
 def test_no_color_keeps_ansi_colours_out_of_the_servers_log_on_a_terminal(tiny_checkpoint):
     """uvicorn colours its log whenever stdout is a terminal, and NO_COLOR (no-color.org) was not passed on."""
-    port = free_port()
-    terminal, process_end = pty.openpty()
-    process = subprocess.Popen([sys.executable, "-m", "glimmer.cli", "serve", str(tiny_checkpoint), "--port",
-                                str(port), "--kv-cache-memory", "32MiB"], stdin=subprocess.DEVNULL,
-                               stdout=process_end, stderr=process_end, env={**os.environ, "NO_COLOR": "1"})
-    os.close(process_end)
-    written: list[bytes] = []
-    reader = _read_until_closed(terminal, written)
+    server = ServeProcess(["-m", "glimmer.cli", "serve", str(tiny_checkpoint), "--kv-cache-memory", "32MiB"],
+                          env={**os.environ, "NO_COLOR": "1"}, on_terminal=True)
     try:
-        wait_for_health(process, port)
+        server.wait_until_serving()
     finally:
-        process.send_signal(signal.SIGINT)
-        process.wait(timeout=60)
-        reader.join(timeout=10)
-        os.close(terminal)
-    log = b"".join(written).decode()
+        log = server.stop(signal.SIGINT)
     assert '"GET /health HTTP/1.1" 200' in log and "Finished server process" in log
     assert "\x1b[" not in log
 
@@ -688,13 +642,14 @@ def test_no_color_keeps_ansi_styles_out_of_an_in_process_chat_on_a_terminal(caps
 def test_serve_started_with_its_output_closed_serves(tiny_checkpoint):
     """A daemonizer may start it with stdout and stderr closed: Python then has no sys.stderr, and the weights'
     progress bar wrote to None (an AttributeError at load, exit 1, with no line anyone could read)."""
-    port = free_port()
+    port = free_port()  # (with its output closed the server cannot say which port --port 0 bound)
     process = subprocess.Popen(["sh", "-c", 'exec "$@" >&- 2>&-', "sh", sys.executable, "-m", "glimmer.cli", "serve",
                                 str(tiny_checkpoint), "--port", str(port), "--kv-cache-memory", "32MiB"],
                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
     try:
-        wait_for_health(process, port)
-        reply = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=60,
+        wait_for_health(process, url)
+        reply = httpx.post(f"{url}/v1/completions", timeout=60,
                            json={"model": tiny_checkpoint.name, "prompt": "hi", "max_tokens": 2})
         assert reply.status_code == 200, reply.text
     finally:
@@ -881,8 +836,8 @@ def test_chat_in_process_with_the_default_model(cache_env):
 
 
 def test_a_bad_model_is_one_clear_line_and_exit_code_2(cache_env, tmp_path):
-    result = subprocess.run([sys.executable, "-m", "glimmer.cli", "serve", str(tmp_path / "missing"), "--port",
-                             str(free_port())], env=cache_env, capture_output=True, text=True, timeout=60)
+    result = subprocess.run([sys.executable, "-m", "glimmer.cli", "serve", str(tmp_path / "missing"), "--port", "0"],
+                            env=cache_env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert "glimmer: error: CheckpointError" in result.stderr and "Traceback" not in result.stderr
 
@@ -1650,23 +1605,18 @@ def test_a_shutdown_signal_while_a_request_is_queued_stops_the_server(tiny_check
     """uvicorn's handler stopped the engine's requests at once, taking the locks of the engine's command queue: a
     signal arriving as the event loop queued a request (or its abort) held them, and the process waited on itself
     forever, alive and no longer serving, until killed."""
-    port = free_port()
-    process = subprocess.Popen([sys.executable, "-c", _SIGNAL_WHILE_QUEUEING, command, str(int(shutdown_signal)),
-                                "serve", str(tiny_checkpoint), "--port", str(port), "--kv-cache-memory", "32MiB",
-                                "--served-model-name", "tiny"],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    server = ServeProcess(["-c", _SIGNAL_WHILE_QUEUEING, command, str(int(shutdown_signal)), "serve",
+                           str(tiny_checkpoint), "--kv-cache-memory", "32MiB", "--served-model-name", "tiny"])
     try:
-        wait_for_health(process, port)
+        url = server.wait_until_serving()
         body = {"model": "tiny", "prompt": "go", "max_tokens": 1900, "ignore_eos": True, "stream": True}
         with contextlib.suppress(httpx.HTTPError), httpx.stream(
-                "POST", f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=30) as stream:
+                "POST", f"{url}/v1/completions", json=body, timeout=30) as stream:
             lines = stream.iter_lines()
             for _ in range(3):  # a stream's first lines, then the client leaves: the request is aborted
                 next(lines, None)
-        output = process.communicate(timeout=30)[0]
+        server.process.wait(timeout=30)  # the signal the script sends stops it
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
-    assert process.returncode == 0, output
+        output = server.stop(signal.SIGKILL)
+    assert server.process.returncode == 0, output
     assert "Finished server process" in output and "Traceback" not in output

@@ -9,18 +9,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
-from server_support import MODEL, free_port, live_server, wait_for_health
+from server_support import MODEL, ServeProcess, live_server
 
 from glimmer.errors import ConfigError
 from glimmer.server.background import BackgroundServer
@@ -292,7 +292,7 @@ def test_the_listener_glimmer_serve_binds_gives_connections_with_nagle_off():
             def connection_made(self, transport: asyncio.BaseTransport) -> None:
                 accepted.set_result(transport)
 
-        listener = _bind("127.0.0.1", free_port())
+        listener = _bind("127.0.0.1", 0)
         async with await loop.create_server(Accept, sock=listener):
             _, writer = await asyncio.open_connection(*listener.getsockname())
             transport = await asyncio.wait_for(accepted, WAIT_S)
@@ -369,24 +369,18 @@ IDLE_CONNECTIONS = 400  # more than LOW_FILE_LIMIT
 
 
 @contextlib.contextmanager
-def _serve_with_file_limit(checkpoint: Path, log: Path, *, hard: int) -> Iterator[int]:
-    """`glimmer serve` started with a soft limit of LOW_FILE_LIMIT open files (and `hard` as its hard limit), its
-    output in `log`: yields its port."""
-    port = free_port()
-
+def _serve_with_file_limit(checkpoint: Path, *, hard: int) -> Iterator[tuple[int, ServeProcess]]:
+    """`glimmer serve` started with a soft limit of LOW_FILE_LIMIT open files (and `hard` as its hard limit): yields
+    its port and its ServeProcess, whose output is complete once this is left."""
     def limit_files() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (LOW_FILE_LIMIT, hard))
 
-    with log.open("w") as output:
-        process = subprocess.Popen([sys.executable, "-m", "glimmer.cli", "serve", str(checkpoint), "--port", str(port),
-                                    "--kv-cache-memory", "32MiB", "--disable-uvicorn-access-log"],
-                                   stdout=output, stderr=subprocess.STDOUT, preexec_fn=limit_files)
+    server = ServeProcess(["-m", "glimmer.cli", "serve", str(checkpoint), "--kv-cache-memory", "32MiB",
+                           "--disable-uvicorn-access-log"], preexec_fn=limit_files)
     try:
-        wait_for_health(process, port)
-        yield port
+        yield urlsplit(server.wait_until_serving()).port, server
     finally:
-        process.terminate()
-        process.wait(timeout=60)
+        server.stop(signal.SIGTERM)
 
 
 def _health_status(port: int) -> int | None:
@@ -405,23 +399,21 @@ def _idle_connections(port: int) -> contextlib.ExitStack:
     return connections
 
 
-def test_serve_raises_its_soft_open_file_limit_so_idle_connections_do_not_lock_others_out(tiny_checkpoint, tmp_path):
+def test_serve_raises_its_soft_open_file_limit_so_idle_connections_do_not_lock_others_out(tiny_checkpoint):
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     if hard < 4 * IDLE_CONNECTIONS:
         pytest.skip(f"the hard limit on open files ({hard}) leaves no room to raise the soft limit")
-    log = tmp_path / "serve.log"
-    with _serve_with_file_limit(tiny_checkpoint, log, hard=hard) as port, _idle_connections(port):
+    with _serve_with_file_limit(tiny_checkpoint, hard=hard) as (port, server), _idle_connections(port):
         assert _health_status(port) == 200
-    assert f"raised the open-file limit (RLIMIT_NOFILE) from {LOW_FILE_LIMIT} to" in log.read_text()
+    assert f"raised the open-file limit (RLIMIT_NOFILE) from {LOW_FILE_LIMIT} to" in server.output
 
 
-def test_connections_refused_for_want_of_file_descriptors_are_logged_in_one_line(tiny_checkpoint, tmp_path):
+def test_connections_refused_for_want_of_file_descriptors_are_logged_in_one_line(tiny_checkpoint):
     """asyncio logged each accept() that failed with EMFILE with its traceback, thousands of times a second."""
-    log = tmp_path / "serve.log"
-    with _serve_with_file_limit(tiny_checkpoint, log, hard=LOW_FILE_LIMIT) as port:
+    with _serve_with_file_limit(tiny_checkpoint, hard=LOW_FILE_LIMIT) as (port, server):
         with _idle_connections(port):
             assert _health_status(port) is None  # no descriptor left to accept it with
         assert _health_status(port) == 200  # served again once connections close
-    text = log.read_text()
+    text = server.output
     assert text.count("Too many open files") == 1
     assert "cannot accept connections: [Errno 24] Too many open files" in text
