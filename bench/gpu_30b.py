@@ -26,7 +26,7 @@ import argparse
 import gc
 import json
 import os
-import socket
+import signal
 import subprocess
 import sys
 import tempfile
@@ -39,7 +39,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 from glimmer import LLM, SamplingParams  # noqa: E402
 from glimmer.engine.lookahead import LaunchedStep  # noqa: E402
@@ -414,12 +415,6 @@ def glimmer_engine(path: Path, floors: dict[str, float], quick: bool) -> dict[st
 # server
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def stream_completion(client, url: str, prompt: list[int], max_tokens: int) -> tuple[list[float], int]:
     """Arrival times of the streamed chunks that carry text, and the completion tokens the usage reports."""
     body = {"model": "glimmer-30b", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
@@ -441,30 +436,19 @@ def stream_completion(client, url: str, prompt: list[int], max_tokens: int) -> t
 def server(path: Path, engine_figures: dict[str, float]) -> dict[str, float]:
     import httpx
 
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "glimmer.cli", "--log-level", "WARNING", "serve", str(path), "--load-format",
-               "dummy", "--port", str(port), "--max-model-len", "4096", "--max-num-seqs", "64",
-               "--served-model-name", "glimmer-30b"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                                   [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])})
-    lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True).start()
+    sys.path.insert(0, str(ROOT / "tests" / "server"))
+    from server_support import ServeProcess  # the tests' server process: --port 0, the URL it reports
+
+    server_process = ServeProcess(
+        ["-m", "glimmer.cli", "--log-level", "WARNING", "serve", str(path), "--load-format", "dummy",
+         "--max-model-len", "4096", "--max-num-seqs", "64", "--served-model-name", "glimmer-30b"],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
     out: dict[str, float] = {}
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError("the server exited:\n" + "".join(lines[-30:]))
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("the server did not start in 300 s:\n" + "".join(lines[-30:]))
-            time.sleep(0.5)
+        try:
+            url = server_process.wait_until_serving(timeout_s=300)
+        except AssertionError as error:  # it exited, or did not serve in time: with what it wrote
+            raise RuntimeError(f"the server did not start: {str(error)[-3000:]}") from None
         with httpx.Client() as client:
             stream_completion(client, url, fresh_prompts(1, 1024, 50)[0], 16)  # warm-up: the batch-1 graph
             warm = [threading.Thread(target=stream_completion, args=(client, url, p, 8))
@@ -497,11 +481,10 @@ def server(path: Path, engine_figures: dict[str, float]) -> dict[str, float]:
         record("server, 64 clients 1K-in/256-out, output", out["server_64_tok_s"], "tok/s",
                engine_figures["batch_64_output_tok_s"], "LLM.generate on the same load")
     finally:
-        process.terminate()
         try:
-            process.wait(timeout=30)
+            server_process.stop(signal.SIGTERM, timeout_s=30)
         except subprocess.TimeoutExpired:
-            process.kill()
+            server_process.process.kill()
     return out
 
 

@@ -19,19 +19,20 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import random
 import re
-import socket
+import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "server"))
+from server_support import ServeProcess  # noqa: E402
 
 MODEL_NAME = "soak"
 BUSY_GAUGES = re.compile(r"glimmer_(num_requests_running|num_requests_waiting|kv_blocks_used)\b")
@@ -192,46 +193,30 @@ def percentile_ms(values: list[float], p: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[p - 1] * 1000
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @contextlib.contextmanager
 def serve(args: argparse.Namespace):
-    """`glimmer serve` in a subprocess; yields (url, pid). Its log goes to a temporary file, shown on failure."""
-    port = free_port()
-    command = [sys.executable, "-m", "glimmer.cli", "--log-level", "WARNING", "serve"]
+    """`glimmer serve` in a subprocess on a free port the system picks (`--port 0`, the URL it reports); yields
+    (url, pid). What it writes is shown if it does not start."""
+    command = ["-m", "glimmer.cli", "--log-level", "WARNING", "serve"]
     command += [args.model] if args.model else []
-    command += ["--port", str(port), "--served-model-name", MODEL_NAME, "--max-model-len", str(args.max_model_len)]
+    command += ["--served-model-name", MODEL_NAME, "--max-model-len", str(args.max_model_len)]
     for flag in ("device", "dtype", "max_num_seqs", "kv_cache_memory"):
         value = getattr(args, flag)
         if value is not None:
             command += [f"--{flag.replace('_', '-')}", str(value)]
     command += args.serve_arg
-    with tempfile.TemporaryFile("w+") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
-        url = f"http://127.0.0.1:{port}"
+    server = ServeProcess(command)
+    try:
         try:
-            deadline = time.monotonic() + args.startup_timeout_s
-            while True:
-                if process.poll() is not None:
-                    log.seek(0)
-                    raise SystemExit(f"the server exited with {process.returncode}:\n{log.read()[-4000:]}")
-                with contextlib.suppress(httpx.TransportError):
-                    if httpx.get(url + "/health", timeout=2).status_code == 200:
-                        break
-                if time.monotonic() > deadline:
-                    raise SystemExit("the server did not start in time")
-                time.sleep(0.5)
-            yield url, process.pid
-        finally:
-            process.terminate()
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
+            url = server.wait_until_serving(timeout_s=args.startup_timeout_s)
+        except AssertionError as error:  # it exited, or did not serve in time
+            raise SystemExit(f"the server did not start: {str(error)[-4000:]}") from None
+        yield url, server.process.pid
+    finally:
+        try:
+            server.stop(signal.SIGTERM, timeout_s=30)
+        except subprocess.TimeoutExpired:
+            server.process.kill()
 
 
 def main() -> int:
