@@ -27,6 +27,7 @@ from glimmer.engine.sampling_params import SEED_RANGE
 from glimmer.errors import ConfigError, GlimmerError, RequestError
 from glimmer.multimodal.settings import NOT_A_HOST_NAME, MediaFetchPolicy, MediaLimits, host_name
 from glimmer.server.settings import API_KEY_ROUTES, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_REQUEST_READ_TIMEOUT_S
+from glimmer.sigterm import SigtermRecord, give_back_sigterm
 
 
 class UsageError(GlimmerError):
@@ -344,9 +345,10 @@ def _heeding_sigterm(command: Callable[[argparse.Namespace, _SigtermWatch], int]
     the imports (a second or two) and the checks that precede loading the model: as a container's PID 1, where a
     signal without a handler is ignored, `docker stop` went unheard and the process went on to load the model and
     work until killed. The command may stop the watch early (serve does, for uvicorn); a _Terminated it lets out
-    prints `stopped` and returns `stopped_status`."""
+    prints `stopped` and returns `stopped_status`, as does a SIGTERM the entry point noted before (glimmer.sigterm)."""
     sigterm = _SigtermWatch()
     try:
+        sigterm.check()
         return command(args, sigterm)
     except _Terminated:
         print(stopped, file=sys.stderr)
@@ -639,9 +641,12 @@ class _SigtermWatch:
     unraisable, printing its traceback, and the server went on to serve."""
 
     def __init__(self) -> None:
-        self.arrived = False
         self._stopped = False
         self._previous = signal.signal(signal.SIGTERM, self._terminated)
+        # a SIGTERM noted as the command started (glimmer.sigterm) came as much as one now, and the record's job is done
+        self.arrived = isinstance(self._previous, SigtermRecord) and self._previous.arrived
+        if isinstance(self._previous, SigtermRecord):
+            self._previous = signal.SIG_DFL
         self._previous_hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
 
     def _terminated(self, signum: int, frame: Any) -> None:
@@ -851,6 +856,10 @@ def _bind_unix(path: str) -> socket.socket:
 
 def _cmd_chat(args: argparse.Namespace) -> int:
     return _heeding_sigterm(_chat, args, "glimmer: chat stopped by SIGTERM", 128 + signal.SIGTERM)
+
+
+# the commands whose SIGTERM is _heeding_sigterm's; the others end at once on SIGTERM, as a process does by default
+_COMMANDS_HEEDING_SIGTERM = (_cmd_serve, _cmd_run_batch, _cmd_chat)
 
 
 def _chat(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
@@ -1781,6 +1790,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level or "INFO", format="%(levelname)s %(name)s: %(message)s")
+    if args.func not in _COMMANDS_HEEDING_SIGTERM:  # serve, chat and run-batch take it over in _heeding_sigterm
+        give_back_sigterm()
     try:
         return args.func(args)
     except UsageError as exc:

@@ -750,6 +750,54 @@ def test_sigterm_before_the_model_loads_stops_the_server_with_status_0(tmp_path)
     assert not socket_path.exists()
 
 
+_SIGNAL_AS_GLIMMER_CLI_BEGINS_TO_IMPORT = """\
+import importlib, runpy, signal, sys
+
+how, signal_name = sys.argv[1:3]
+del sys.argv[1:3]
+
+
+class SignalAtImport:  # the signal comes as the entry point imports glimmer.cli (and, through it, jinja2 and the rest)
+    def find_spec(self, name, path=None, target=None):
+        if name == "glimmer.cli":
+            sys.meta_path.remove(self)
+            signal.raise_signal(getattr(signal, signal_name))
+        return None
+
+
+sys.meta_path.insert(0, SignalAtImport())
+if how == "-m glimmer":
+    runpy.run_module("glimmer", run_name="__main__", alter_sys=True)
+module, _, function = how.partition(":")  # the installed script's entry point, called as pip's script calls it
+sys.exit(getattr(importlib.import_module(module), function)())
+"""
+
+
+@pytest.mark.parametrize(("way", "signal_name", "command", "status", "said"), [
+    ("script", "SIGTERM", "serve", 0, "glimmer: stopped by SIGTERM before serving"),
+    ("-m glimmer", "SIGTERM", "serve", 0, "glimmer: stopped by SIGTERM before serving"),
+    ("script", "SIGTERM", "run-batch", 128 + signal.SIGTERM, "run-batch: stopped by SIGTERM before the batch began"),
+    ("script", "SIGINT", "serve", 130, ""),
+    ("script", "SIGTERM", "inspect", -signal.SIGTERM, ""),  # a command that does not heed SIGTERM ends at once
+])
+def test_a_signal_as_the_glimmer_command_imports_its_modules_ends_it_as_one_while_it_loads(
+        tmp_path, way, signal_name, command, status, said):
+    """The SIGTERM handler came once glimmer.cli was imported and the arguments parsed: a SIGTERM before (a tenth of a
+    second or more) killed `glimmer serve` (status 143, where 0 is promised), and a container's PID 1, which ignores a
+    signal without a handler, went on to load and serve after `docker stop`; Ctrl-C then printed a traceback."""
+    import tomllib
+
+    entry_point = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]["scripts"]
+    how = entry_point["glimmer"] if way == "script" else way
+    argv = {"serve": ["serve", str(tmp_path / "model"), "--uds", str(tmp_path / "s.sock")],
+            "run-batch": _run_batch_argv(tmp_path), "inspect": ["inspect", str(tmp_path / "model")]}[command]
+    result = subprocess.run([sys.executable, "-c", _SIGNAL_AS_GLIMMER_CLI_BEGINS_TO_IMPORT, how, signal_name, *argv],
+                            capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert result.returncode == status, result.stderr
+    assert said in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "s.sock").exists() and not (tmp_path / "out.jsonl").exists()
+
+
 def _run_batch_argv(tmp_path: Path) -> list[str]:
     (tmp_path / "in.jsonl").write_text('{"custom_id": "a", "method": "POST", "url": "/v1/completions", '
                                        '"body": {"model": "m", "prompt": "x"}}\n')

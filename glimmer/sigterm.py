@@ -1,0 +1,38 @@
+"""SIGTERM while the `glimmer` command starts: recorded from its first line, before glimmer.cli and what it imports
+load, and given to the command once it is known (imports nothing but `signal`, so that it is in place at once)."""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+
+class SigtermRecord:
+    """SIGTERM's handler until the command takes it over: it only notes that SIGTERM came. Without it, a SIGTERM in
+    the command's first moments (its imports, its argument parsing) killed `glimmer serve` (status 143) where it
+    promises status 0, and a container's PID 1, which ignores a signal without a handler, went on to load and serve
+    after `docker stop`."""
+
+    def __init__(self) -> None:
+        self.arrived = False
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.arrived = True
+
+
+def record_sigterm() -> SigtermRecord:
+    """Install a SigtermRecord as SIGTERM's handler and return it."""
+    record = SigtermRecord()
+    signal.signal(signal.SIGTERM, record)
+    return record
+
+
+def give_back_sigterm() -> None:
+    """For a command that does not heed SIGTERM: the default handler again in place of a SigtermRecord, and a SIGTERM
+    it noted raised again, which ends the process as it would have at once. Does nothing where no record is the
+    handler (`glimmer.cli.main` called directly, as by `python -m glimmer.cli` and the tests)."""
+    record = signal.getsignal(signal.SIGTERM)
+    if isinstance(record, SigtermRecord):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if record.arrived:
+            signal.raise_signal(signal.SIGTERM)
