@@ -12,6 +12,9 @@ import threading
 
 from glimmer.errors import GlimmerError
 
+# how often work that waits (a prompt on its downloads, a download's watchdog) looks whether it has been cancelled
+CANCEL_CHECK_S = 0.05
+
 
 class Cancelled(GlimmerError):
     """The caller cancelled the work (its client went away); nothing is wrong with the request."""

@@ -36,7 +36,7 @@ from urllib.parse import urljoin, urlsplit
 
 import httpcore
 
-from glimmer.cancellation import Cancelled, CancelToken
+from glimmer.cancellation import CANCEL_CHECK_S, Cancelled, CancelToken
 from glimmer.multimodal.settings import MediaFetchPolicy
 
 logger = logging.getLogger(__name__)
@@ -193,14 +193,26 @@ def fetch_remote(url: str, policy: MediaFetchPolicy, cancel: CancelToken | None 
     """
     deadline = time.monotonic() + policy.timeout_s
     backend = _GuardedBackend(policy, deadline)
-    watchdog = threading.Timer(policy.timeout_s, backend.cut)
-    watchdog.daemon = True
-    watchdog.start()
+    done = threading.Event()
+    threading.Thread(target=_cut_at_deadline_or_cancel, args=(backend, deadline, cancel, done),
+                     name="glimmer-media-watchdog", daemon=True).start()
     try:
         return _fetch(url, policy, backend, deadline, cancel)
     finally:
-        watchdog.cancel()
+        done.set()
         backend.close()
+
+
+def _cut_at_deadline_or_cancel(backend: _GuardedBackend, deadline: float, cancel: CancelToken | None,
+                               done: threading.Event) -> None:
+    """Cut `backend`'s connections at `deadline`, or once `cancel` is cancelled (looked at every CANCEL_CHECK_S), unless
+    the fetch is `done` first. `cancel` was looked at only between chunks of the body: a fetch waiting on a server
+    that did not answer went on until the deadline after its request was cancelled, and `glimmer serve`, which waits
+    for its fetch threads as it exits, stayed up that long after SIGTERM (10 s by default, --media-fetch-timeout)."""
+    while not done.wait(min(CANCEL_CHECK_S, max(deadline - time.monotonic(), 0))):
+        if time.monotonic() >= deadline or (cancel is not None and cancel.cancelled):
+            backend.cut()
+            return
 
 
 def _fetch(url: str, policy: MediaFetchPolicy, backend: _GuardedBackend, deadline: float,
@@ -229,11 +241,15 @@ def _fetch(url: str, policy: MediaFetchPolicy, backend: _GuardedBackend, deadlin
                         raise RemoteMediaError(f"HTTP {response.status}")
                     body = _read_body(response, policy, deadline, cancel)
                     if backend.was_cut:  # a body that ends with the connection was cut short, not complete
+                        if cancel is not None:
+                            cancel.check()
                         raise RemoteMediaError(f"the download took longer than {policy.timeout_s} s")
                     return body
             except (RemoteMediaError, LookupsBusyError, Cancelled):
                 raise
             except Exception as error:  # network, TLS, protocol and URL errors of every kind
+                if backend.was_cut and cancel is not None:  # cut for the cancel, not the deadline
+                    cancel.check()
                 if backend.was_cut or isinstance(error, httpcore.TimeoutException):
                     raise RemoteMediaError(f"no answer within {policy.timeout_s} s") from None
                 raise RemoteMediaError(f"{type(error).__name__}: {error}") from None

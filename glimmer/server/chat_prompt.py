@@ -24,7 +24,7 @@ from typing import Any
 
 from anyio import CapacityLimiter
 
-from glimmer.cancellation import CancelToken
+from glimmer.cancellation import CANCEL_CHECK_S, CancelToken
 from glimmer.engine.apply_chat_template import generation_prompt
 from glimmer.engine.chat_rendering import (
     RENDERING_ARGUMENT_NAMES,
@@ -59,8 +59,6 @@ from glimmer.protocol.tool_choice import ToolPlan, plan_tools
 from glimmer.server.context import ServingContext
 from glimmer.server.schemas import ChatCompletionRequest, NamedToolChoice
 from glimmer.server.structured_outputs import requested_structured_outputs
-
-CANCEL_CHECK_S = 0.05  # how often a prompt waiting on its downloads looks whether its client has left
 
 
 @dataclass

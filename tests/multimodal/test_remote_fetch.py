@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpcore
 import pytest
 
+from glimmer.cancellation import Cancelled, CancelToken
 from glimmer.errors import ConfigError, ServiceBusyError
 from glimmer.multimodal.errors import MediaFetchBusyError
 from glimmer.multimodal.remote_fetch import (
@@ -166,6 +167,42 @@ def test_a_server_trickling_its_headers_is_cut_off_at_the_time_limit():
     with listener, pytest.raises(RemoteMediaError, match=r"no answer within 0.3 s"):
         fetch_remote(f"http://127.0.0.1:{listener.getsockname()[1]}/cat.gif", policy)
     server.join()
+
+
+def test_cancelling_a_fetch_ends_its_wait_on_a_server_that_does_not_answer():
+    """The cancel token was looked at only between chunks of the body: a fetch waiting on a server that did not answer
+    went on until its time limit after its request was cancelled, and `glimmer serve`, which waits for its fetch
+    threads as it exits, stayed up that long after SIGTERM (10 s by default, an hour here)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    asked, hung_up = threading.Event(), threading.Event()
+
+    def never_answer():
+        connection, _ = listener.accept()
+        with connection:
+            connection.recv(4096)
+            asked.set()
+            if connection.recv(4096) == b"":  # the fetcher shut the connection down
+                hung_up.set()
+
+    threading.Thread(target=never_answer, daemon=True).start()
+    cancel = CancelToken()
+    policy = MediaFetchPolicy.create(allowed_domains=["127.0.0.1"], timeout_s=3600)
+    outcome: list[BaseException] = []
+
+    def fetch():
+        try:
+            fetch_remote(f"http://127.0.0.1:{listener.getsockname()[1]}/cat.gif", policy, cancel)
+        except BaseException as error:
+            outcome.append(error)
+
+    fetching = threading.Thread(target=fetch, daemon=True)  # (before the fix it waited the hour)
+    with listener:
+        fetching.start()
+        assert asked.wait(60)
+        cancel.cancel()
+        assert hung_up.wait(60), "the cancelled fetch still waits on the server"
+        fetching.join(60)
+    assert len(outcome) == 1 and isinstance(outcome[0], Cancelled), outcome
 
 
 def resolver_threads() -> list[threading.Thread]:
