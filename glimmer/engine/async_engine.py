@@ -179,7 +179,6 @@ class AsyncEngine:
         generated: int = 0,
         counted: bool = True,
         hidden_token_ids: frozenset[int] = frozenset(),
-        held_bytes: bytes = b"",
     ) -> AsyncIterator[StepDelta]:
         """Stream a request's deltas until every completion finishes.
 
@@ -188,10 +187,10 @@ class AsyncEngine:
         the request's constraint fails it while generating (ConstraintFailure). Closing the iterator early
         aborts the request, as does cancelling the caller at any point. `queue_limit=False`: the queue-full check
         is skipped (the prompts of one API request that passed it, `check_queue_limit`: they are one request to its
-        client). `generated`, `hidden_token_ids` and `held_bytes`: as LLMEngine.add_request's (a beam's tokens; a chat
-        reply's hidden special tokens; an echoed prompt's unfinished character). `counted=False`: the request is left
-        out of the statistics (the token counters, `on_finished`, `on_token_gap`), being a part of a request its caller
-        records itself (`record_finished`): a beam search's one-token steps."""
+        client). `generated` and `hidden_token_ids`: as LLMEngine.add_request's (a beam's tokens; a chat reply's
+        hidden special tokens). `counted=False`: the request is left out of the statistics (the token counters,
+        `on_finished`, `on_token_gap`), being a part of a request its caller records itself (`record_finished`): a
+        beam search's one-token steps."""
         check_not_forked("AsyncEngine.generate")  # the engine thread stayed in the process that forked this one
         if not isinstance(params, SamplingParams):
             raise RequestError(f"sampling params must be a SamplingParams, not {type(params).__name__}",
@@ -214,7 +213,7 @@ class AsyncEngine:
                 self._queued_adds += 1
             self._commands.put(("add", request_id,
                                 (prompt_token_ids, params, multimodal, controller_factory, generated,
-                                 hidden_token_ids, held_bytes), listener,
+                                 hidden_token_ids), listener,
                                 accepted))
         try:
             await asyncio.wrap_future(accepted)
@@ -452,11 +451,10 @@ class AsyncEngine:
                 self._queued_adds -= 1
             if not accepted.set_running_or_notify_cancel():
                 return  # the caller left while its request was queued: it is never added
-            prompt_token_ids, params, multimodal, controller_factory, generated, hidden_token_ids, held_bytes = args
+            prompt_token_ids, params, multimodal, controller_factory, generated, hidden_token_ids = args
             try:
                 self.engine.add_request(request_id, prompt_token_ids, params, multimodal, controller_factory,
-                                        generated=generated, hidden_token_ids=hidden_token_ids,
-                                        held_bytes=held_bytes)
+                                        generated=generated, hidden_token_ids=hidden_token_ids)
             except BaseException as exc:
                 accepted.set_exception(exc)
                 return

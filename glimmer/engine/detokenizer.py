@@ -18,7 +18,7 @@ differ from a one-shot decode; Glimmer refuses them rather than stream text that
 from __future__ import annotations
 
 import codecs
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from glimmer.engine.tokenizer import Tokenizer
 from glimmer.errors import CheckpointError
@@ -27,9 +27,12 @@ from glimmer.errors import CheckpointError
 class IncrementalDetokenizer:
     """Turns one sequence's generated ids into text deltas. One instance per sequence."""
 
-    def __init__(self, tokenizer: Tokenizer, skip_token_ids: frozenset[int] = frozenset(), held_bytes: bytes = b""):
-        """held_bytes: bytes that begin a character the first tokens may complete (`held_bytes()` of the detokenizer
-        of the text before, an echoed prompt's); its first text then holds that character, whole or as U+FFFDs."""
+    def __init__(self, tokenizer: Tokenizer, skip_token_ids: frozenset[int] = frozenset(),
+                 prompt_token_ids: Sequence[int] = ()):
+        """prompt_token_ids: the tokens before the generated ones. A prompt may end partway through a character (a
+        token-id prompt, or an echoed one); its bytes begin the text, so that a character the first generated tokens
+        complete comes out whole, and one they never complete as U+FFFD, as vLLM primes its detokenizer with the
+        prompt's last tokens. Only the prompt's last few bytes are read."""
         if not tokenizer.is_byte_level:
             raise CheckpointError(
                 f"{tokenizer.tokenizer_file} does not use a ByteLevel decoder; Glimmer streams text only "
@@ -38,11 +41,21 @@ class IncrementalDetokenizer:
         self._tokenizer = tokenizer
         self._skip_token_ids = skip_token_ids
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._utf8.setstate((held_bytes, 0))
+        self._utf8.decode(self._tail_bytes(prompt_token_ids))  # its text is the prompt's: only the held bytes stay
 
-    def held_bytes(self) -> bytes:
-        """The bytes held back: a character begun by the tokens so far and not yet complete."""
-        return self._utf8.getstate()[0]
+    def _tail_bytes(self, token_ids: Sequence[int]) -> bytes:
+        """The bytes of the last tokens of `token_ids` (skipped ones left out), at least 4 where there are: a UTF-8
+        character is at most 4 bytes and its first byte is never a continuation byte, so these leave held back what
+        all of them would."""
+        tail: list[bytes] = []
+        size = 0
+        for token_id in reversed(token_ids):
+            if size >= 4:
+                break
+            if token_id not in self._skip_token_ids:
+                tail.append(self._tokenizer.token_bytes(token_id))
+                size += len(tail[-1])
+        return b"".join(reversed(tail))
 
     def add(self, token_id: int) -> str:
         """The text completed by this token; "" while a character is still incomplete or the token is skipped."""

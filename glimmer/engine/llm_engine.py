@@ -801,7 +801,6 @@ class LLMEngine:
         clamp_max_tokens: bool = False,
         generated: int = 0,
         hidden_token_ids: frozenset[int] = frozenset(),
-        held_bytes: bytes = b"",
     ) -> None:
         """Queue a request; raises RequestError (naming the field) if it can never be served.
 
@@ -814,9 +813,6 @@ class LLMEngine:
         hidden_token_ids: special tokens left out of the text, as `skip_special_tokens` leaves out all (a chat reply's
         hidden ones, `Tokenizer.hidden_in_replies`): dropped before their bytes are decoded, so a character whose bytes
         they split comes out whole.
-        held_bytes: the text before the output (an echoed prompt) ends in these bytes of a character it has not
-        completed; the output's text starts with that character, so that the two texts add up to the decode of the
-        prompt and the output (`IncrementalDetokenizer`'s), whole where the output completes it, else U+FFFDs.
         """
         if request_id in self._seqs:
             raise RequestError(f"request id {request_id!r} is already in use", param="request_id")
@@ -887,7 +883,8 @@ class LLMEngine:
             )
             skipped = frozenset(self.tokenizer.all_special_ids) if params.skip_special_tokens else hidden_token_ids
             self._completions[id(seq)] = _Completion(
-                detokenizer=IncrementalDetokenizer(self.tokenizer, skip_token_ids=skipped, held_bytes=held_bytes),
+                detokenizer=IncrementalDetokenizer(self.tokenizer, skip_token_ids=skipped,
+                                                   prompt_token_ids=prompt_token_ids),
                 stops=StopStringMatcher(params.stop, params.include_stop_str_in_output),
                 min_tokens=params.min_tokens,
                 silent_stop_ids=silent_stop_ids(params, self.tokenizer.all_special_ids),
@@ -1207,9 +1204,10 @@ class LLMEngine:
         return kept, bitmask[keep] if bitmask is not None else None
 
     def _finish_unsampled(self, seq: Sequence) -> StepDelta:
-        """The final delta of a max_tokens=0 sequence, whose prompt is computed (the caller retires it)."""
+        """The final delta of a max_tokens=0 sequence, whose prompt is computed (the caller retires it). Its text is
+        "", as vLLM's, even where the prompt ends partway through a character: no output token carries those bytes."""
         done = self._completions.pop(id(seq))
-        return StepDelta(seq.request_id, seq.index, [], done.detokenizer.flush(), finish_reason="length",
+        return StepDelta(seq.request_id, seq.index, [], "", finish_reason="length",
                          num_prompt_tokens=done.num_prompt_tokens, num_cached_tokens=seq.num_cached_tokens,
                          prompt_logprobs=done.take_prompt_logprobs(),
                          first_scheduled_time=seq.first_scheduled_time)

@@ -113,19 +113,10 @@ class _CompletionRun:
         skipped = frozenset(self.context.tokenizer.all_special_ids) if self.request.skip_special_tokens else frozenset()
         return IncrementalDetokenizer(self.context.tokenizer, skip_token_ids=skipped)
 
-    def held_bytes(self, prompt_index: int) -> bytes:
-        """With `echo`, the bytes of a character prompt `prompt_index` begins and does not complete: its echo leaves
-        them to the output's text (the engine's `held_bytes`), where the output may complete the character, so that a
-        choice's text is the decode of its prompt and output together. b"" without `echo`."""
-        if not self.request.echo:
-            return b""
-        detokenizer = self.detokenizer()
-        detokenizer.add_many(self.prompts[prompt_index])
-        return detokenizer.held_bytes()
-
     def echo(self, index: int, prompt_logprobs: list[TokenLogprobs | None] | None) -> _Piece:
         """The echoed prompt of choice `index` (empty without `echo`), with its tokens' logprobs; the bytes of a
-        character it leaves incomplete are the output text's (`held_bytes`)."""
+        character it leaves incomplete are the output text's (the engine's detokenizer starts on the prompt), but
+        with max_tokens 0, where there is no output text, they end the echo as U+FFFD."""
         if not self.request.echo:
             return _Piece()
         ids = self.prompts[index // self.n]
@@ -135,6 +126,8 @@ class _CompletionRun:
             text, start = detokenizer.add_at(token_id)
             piece.text_offsets.append(len(piece.text) + start)
             piece.text += text
+        if self.request.max_tokens == 0:
+            piece.text += detokenizer.flush()
         return piece
 
     def choice(self, index: int, echo: _Piece, text: str, finish_reason: str | None, entries: list[TokenLogprobs],
@@ -276,14 +269,12 @@ async def create_completion(raw_request: Request, context: ServingContext) -> Re
     if beam is not None:
         return await _beam_search_response(raw_request, run, engine_id, beam, params)
     factory = await in_worker_thread(raw_request, lambda cancel: _controller_factory(request, context))
-    held = [run.held_bytes(i) for i in range(len(prompts))]
     run.choices = [_Choice() for _ in range(len(prompts) * params.n)]
     # the queue limit counts this API request once, however many prompts it holds, before any is queued: prompts
     # queued beside a refused first one ran for nobody, and the 429 waited for their first tokens
     context.engine.check_queue_limit()
     updates = _merge([_naming_its_prompt(context.engine.generate(f"{engine_id}-{i}", ids, params,
-                                                                 controller_factory=factory, queue_limit=False,
-                                                                 held_bytes=held[i]),
+                                                                 controller_factory=factory, queue_limit=False),
                                          f"prompt[{i}]" if _is_batch(request.prompt) else "prompt")
                       for i, ids in enumerate(prompts)], params.n)
     try:

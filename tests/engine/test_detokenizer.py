@@ -95,12 +95,13 @@ def test_add_many_equals_the_sum_of_adds(tok, ids, split):
 
 @PROPERTY_SETTINGS
 @given(ids=st.lists(st.integers(min_value=0, max_value=505), max_size=24), split=st.integers(0, 24))
-def test_a_detokenizer_started_on_the_held_bytes_of_another_continues_its_text(tok, ids, split):
-    """An echoed prompt and its output: the prompt's text without its held bytes, then the output's started on them
-    (`held_bytes`), add up to the decode of both together, a character straddling them whole."""
+def test_a_detokenizer_started_on_a_prompt_continues_its_text(tok, ids, split):
+    """A prompt and its output: the prompt's text without the bytes of a character it leaves incomplete, then the
+    output's from a detokenizer started on the prompt, add up to the decode of both together, a character straddling
+    them whole (random ids split anywhere: the prompt's last few bytes decide what it leaves)."""
     before = IncrementalDetokenizer(tok)
     head = before.add_many(ids[:split])
-    after = IncrementalDetokenizer(tok, held_bytes=before.held_bytes())
+    after = IncrementalDetokenizer(tok, prompt_token_ids=ids[:split])
     assert head + "".join(after.add(i) for i in ids[split:]) + after.flush() == tok.decode(ids)
 
 

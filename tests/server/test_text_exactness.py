@@ -359,3 +359,53 @@ def test_a_line_separator_in_the_text_does_not_split_a_streamed_event(server, to
         choices = [json.loads(line[6:])["choices"] for line in lines[:-1]]
         pieces = [(c[0].get("delta") or c[0]).get(key) or "" for c in choices if c]
         assert "".join(pieces) == text
+
+
+def _split_prompt(server, llm, tok, key: str) -> tuple[list[int], list[int], list[int]]:
+    """A token-id prompt ending in the first two of an emoji's four byte tokens, its scripted output the other two
+    then "!", and the emoji's ids."""
+    emoji = tok.encode_text("😀")
+    assert len(emoji) == 4, "the tiny vocabulary has a token joining the emoji's bytes; pick a rarer character"
+    _script(server, llm, key, emoji[2:] + tok.encode_text("!"))
+    return tok.encode(f"Say {key} ") + emoji[:2], emoji[2:] + tok.encode_text("!"), emoji
+
+
+@pytest.mark.parametrize(("max_tokens", "expected"), [(0, ""), (1, "\ufffd"), (2, "😀"), (3, "😀!")])
+def test_an_output_completing_a_character_its_prompt_began_spells_it_whole(server, llm, tok, max_tokens, expected):
+    """A token-id prompt ending partway through a character, and an output that completes it: without echo the
+    output's text was decoded on its own, its first bytes U+FFFDs ("\ufffd\ufffd!"), where vLLM starts its
+    detokenizer on the prompt's last tokens and gives "😀!". The text starts with the whole character, streamed or not
+    and from LLM.generate; max_tokens 0 gives "" (as vLLM), and an output that has not completed the character ends
+    in U+FFFD, as any output ending partway through one does (P-TOK-3). `text_offset` puts the tokens that complete
+    the character at its start."""
+    prompt, output, _ = _split_prompt(server, llm, tok, "[prompt-split]")
+    for skip in (False, True):
+        body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "logprobs": 0,
+                "skip_special_tokens": skip}
+        whole, chunks = _completion(server, body)
+        choice = whole["choices"][0]
+        generated = llm.generate({"prompt_token_ids": prompt}, SamplingParams(
+            temperature=0, max_tokens=max_tokens, skip_special_tokens=skip), use_tqdm=False)[0].outputs[0]
+        assert choice["text"] == "".join(chunk["text"] for chunk in chunks) == generated.text == expected
+        assert generated.token_ids == output[:max_tokens]
+        offsets = choice["logprobs"]["text_offset"]
+        assert offsets == [offset for chunk in chunks for offset in chunk["logprobs"]["text_offset"]]
+        assert offsets == [0, 0, 1][:max_tokens]
+
+
+def test_a_stop_string_matches_a_character_its_prompt_began(server, llm, tok):
+    """The character the prompt begins and the output completes is the output text's, so a stop string can match
+    it (vLLM checks stop strings against the text its prompt-started detokenizer gives): it never could while that
+    text began with U+FFFDs."""
+    prompt, output, _ = _split_prompt(server, llm, tok, "[prompt-split-stop]")
+    for include in (False, True):
+        body = {"model": "tiny", "prompt": prompt, "max_tokens": 5, "temperature": 0, "stop": ["😀"],
+                "include_stop_str_in_output": include}
+        whole, chunks = _completion(server, body)
+        choice = whole["choices"][0]
+        generated = llm.generate({"prompt_token_ids": prompt}, SamplingParams(
+            temperature=0, max_tokens=5, stop=["😀"], include_stop_str_in_output=include), use_tqdm=False)[0]
+        expected = "😀" if include else ""
+        assert choice["text"] == "".join(chunk["text"] for chunk in chunks) == generated.outputs[0].text == expected
+        assert choice["finish_reason"] == generated.outputs[0].finish_reason == "stop"
+        assert choice["stop_reason"] == generated.outputs[0].stop_reason == "😀"
