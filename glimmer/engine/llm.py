@@ -65,7 +65,7 @@ from glimmer.engine.vllm_arguments import (
 )
 from glimmer.errors import ConfigError, PromptPart, PromptTextTooLongError, RequestError, UnsupportedArgumentError
 from glimmer.multimodal.sources import collect_media, load_media_reference, naming_media_parts, url_scheme
-from glimmer.multimodal.video import is_frame_list, unstacked
+from glimmer.multimodal.video import is_frame_list, is_frames_with_metadata, unstacked
 from glimmer.protocol import (
     Delta,
     OutputParser,
@@ -963,7 +963,7 @@ def _as_list(value: Any, kind: str) -> list:
     """multi_modal_data's items of `kind`, as vLLM parses them: an item alone, or a list of them."""
     if value is None:
         return []
-    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], Mapping):
+    if is_frames_with_metadata(value):
         return [value]  # one video as vLLM takes it, (frames, metadata), not two items
     if kind == "video" and is_frame_list(value):
         return [value]  # one video's frames, not a video a frame

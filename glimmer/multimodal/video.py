@@ -419,6 +419,13 @@ def _from_frames_and_metadata(frames: object, metadata: Mapping, index: int) -> 
     return DecodedVideo(frames, fps=metadata.get("fps"))
 
 
+def is_frames_with_metadata(value: object) -> bool:
+    """Whether `value` is one video as vLLM's multi_modal_data takes it with its metadata, `(frames, metadata)`: a
+    pair whose second item is a mapping, or None for metadata not known (its `_get_video_with_metadata`), not two
+    videos."""
+    return isinstance(value, tuple) and len(value) == 2 and (value[1] is None or isinstance(value[1], Mapping))
+
+
 def is_frame_list(value: object) -> bool:
     """Whether `value` is a list of PIL images: one video's frames, as vLLM's multi_modal_data reads such a list (its
     `_parse_video_data`), not as that many videos."""
@@ -448,8 +455,8 @@ def process_video(video: VideoInput, settings: MediaSettings, limits: MediaLimit
         video = bytes(video)
     if isinstance(video, np.ndarray) or is_frame_list(video):  # frames alone, as vLLM takes them: the rate is unknown
         video = DecodedVideo(video)
-    if isinstance(video, tuple) and len(video) == 2 and isinstance(video[1], Mapping):
-        video = _from_frames_and_metadata(*video, index)
+    if is_frames_with_metadata(video):
+        video = _from_frames_and_metadata(video[0], video[1] or {}, index)
     if isinstance(video, DecodedVideo):
         frames, times = _decoded_frames(video, settings, limits, index)
     elif isinstance(video, bytes | str | os.PathLike):

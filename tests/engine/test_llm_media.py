@@ -71,6 +71,22 @@ def test_generate_takes_a_video_as_vllm_takes_it_frames_and_metadata(llm):
         assert out.outputs[0].token_ids == expected.outputs[0].token_ids
 
 
+def test_frames_with_metadata_none_are_one_video_of_unknown_rate_as_vllm_reads_them(llm):
+    """vLLM's `{"video": (frames, None)}` is one video whose metadata is not known (its _get_video_with_metadata
+    returns the pair as it is); Glimmer read it as two videos, refusing the prompt's one <|video|> for "2 video(s)
+    were given". The rate is unknown: the reference's 24 fps, as for the frames alone."""
+    from glimmer.multimodal import DecodedVideo
+
+    frames = np.random.RandomState(5).randint(0, 256, (9, 60, 90, 3), dtype=np.uint8)
+    prompt = "<|begin_of_text|>What happens in <|video|>?"
+    params = SamplingParams(temperature=0, max_tokens=3)
+    expected = llm.generate({"prompt": prompt, "multi_modal_data": {"video": DecodedVideo(frames)}}, params)[0]
+    for video in ((frames, None), [(frames, None)]):
+        out = llm.generate({"prompt": prompt, "multi_modal_data": {"video": video}}, params)[0]
+        assert out.prompt_token_ids == expected.prompt_token_ids
+        assert out.outputs[0].token_ids == expected.outputs[0].token_ids
+
+
 def test_a_list_of_pil_images_is_one_video_as_vllm_reads_it(llm):
     """vLLM's multi_modal_data reads {"video": [PIL images]} as one video's frames (its _parse_video_data); Glimmer
     read each frame as a video of its own, refusing the prompt's one <|video|> for "9 video(s)" (and a frame as a
