@@ -149,6 +149,17 @@ def test_local_files_need_an_allowed_directory(tmp_path):
     assert load_media_reference(f"file://{image}", "image", 0, policy) == _png()
 
 
+def test_a_file_url_naming_another_host_is_refused_naming_it(tmp_path):
+    """file://HOST/path names a file on HOST (RFC 8089); its host was dropped and the local file of that path read, a
+    file other than the one named. localhost and no host are this machine."""
+    image = tmp_path / "cat.png"
+    image.write_bytes(_png())
+    policy = MediaFetchPolicy.create([tmp_path])
+    with pytest.raises(RequestError, match="file URL names the host 'fileserver'; only files on this machine"):
+        load_media_reference(f"file://fileserver{image}", "image", 0, policy)
+    assert load_media_reference(f"file://localhost{image}", "image", 0, policy) == _png()
+
+
 def test_paths_escaping_the_allowed_directory_are_refused(tmp_path):
     secret = tmp_path / "secret.png"
     secret.write_bytes(_png())
