@@ -157,8 +157,8 @@ def stream_chat_completion(url: str, payload: dict[str, Any], api_key: str | Non
                            timeout_s: float = 600.0) -> Iterator[dict[str, Any]]:
     """POST a streaming chat request to `url` (the server's address, with or without `/v1`) and yield its
     chunks. Raises ServerRefusedError for an HTTP error status, and ChatClientError for a server that cannot be
-    reached and for a stream that breaks: a connection lost, an event that is not JSON, or an end before
-    `data: [DONE]`."""
+    reached, for an answer that is one JSON body instead of a stream, and for a stream that breaks: a connection
+    lost, an event that is not JSON, or an end before `data: [DONE]`."""
     body = json.dumps({**payload, "stream": True}).encode()
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
     if api_key:
@@ -177,6 +177,9 @@ def stream_chat_completion(url: str, payload: dict[str, Any], api_key: str | Non
                                   "larger than its limit: `glimmer serve --max-request-bytes`, 4 MiB by default)"
                                   ) from None
         raise ChatClientError(f"cannot reach {url}: {error.reason}") from None
+    if response.headers.get_content_type() == "application/json":
+        with response:
+            _refuse_whole_reply(url, response.read())
     done = False
 
     def lines() -> Iterator[str]:
@@ -195,6 +198,20 @@ def stream_chat_completion(url: str, payload: dict[str, Any], api_key: str | Non
             raise ChatClientError(f"the server sent an event that is not JSON ({error})") from None
     if not done:
         raise ChatClientError(f"the reply from {url} ended before it finished (no [DONE])")
+
+
+def _refuse_whole_reply(url: str, body: bytes) -> None:
+    """Raises ChatClientError for a 200 answer that is one JSON body, not an event stream: a server (or a proxy) that
+    ignores `stream: true`. Its `{"error": ...}` is that error; any other body, say so, not that a stream broke."""
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        answer = None
+    if isinstance(answer, dict) and "error" in answer:
+        raise ChatClientError(_error_event_message(answer["error"]))
+    raise ChatClientError(f"{url} answered one JSON body (Content-Type: application/json), not an event stream: it "
+                          "ignores `stream: true`, and glimmer chat streams each reply; give the address of a server "
+                          "that streams chat completions, such as `glimmer serve`")
 
 
 def check_server_url(url: str) -> None:

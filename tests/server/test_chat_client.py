@@ -92,9 +92,10 @@ def test_a_server_that_repeats_the_call_id_in_every_delta_gives_one_call():
 
 
 @contextlib.contextmanager
-def canned_server(replies: list[tuple[int, bytes]]) -> Iterator[tuple[str, list[dict]]]:
+def canned_server(replies: list[tuple[int, bytes] | tuple[int, bytes, str]]) -> Iterator[tuple[str, list[dict]]]:
     """A server answering each request with the next (status, body) of `replies` (a 200 to a POST as an event
-    stream); yields its address and the list the POSTs' JSON bodies are appended to."""
+    stream), or (status, body, content type); yields its address and the list the POSTs' JSON bodies are appended
+    to."""
     bodies, seen = iter(replies), []
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -104,9 +105,11 @@ def canned_server(replies: list[tuple[int, bytes]]) -> Iterator[tuple[str, list[
         def do_POST(self):  # noqa: N802 (http.server's name)
             if self.command == "POST":
                 seen.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            status, body = next(bodies)
+            status, body, *content_type = next(bodies)
             self.send_response(status)
-            if status == 200 and self.command == "POST":
+            if content_type:
+                self.send_header("Content-Type", content_type[0])
+            elif status == 200 and self.command == "POST":
                 self.send_header("Content-Type", "text/event-stream")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -151,6 +154,25 @@ def test_a_broken_stream_is_a_chat_error_and_the_turn_is_dropped():
     assert "ended before it finished (no [DONE])" in text and "Traceback" not in text
     # the third request carries only its own message: the broken turns were dropped
     assert [m["content"] for m in seen[2]["messages"]] == ["three"]
+
+
+def test_a_server_that_answers_one_json_body_is_named_as_not_streaming():
+    """A server (or proxy) ignoring `stream: true` answers one chat.completion: the chat said the reply 'ended
+    before it finished (no [DONE])', as if a stream had been cut; a 200 {"error": ...} body showed no message."""
+    completion = {"object": "chat.completion", "choices": [{"index": 0, "finish_reason": "stop",
+                                                            "message": {"role": "assistant", "content": "hi"}}]}
+    replies = [(200, json.dumps(completion).encode(), "application/json"),
+               (200, b'{"error": {"message": "the engine is asleep", "type": "server_error"}}',
+                "application/json; charset=utf-8")]
+    with canned_server(replies) as (url, _):
+        lines = iter(["one", "two", "/exit"])
+        out = io.StringIO()
+        run_chat(url, model=None, api_key=None, out=out, read_line=lambda prompt: next(lines), color=False)
+    text = out.getvalue()
+    assert (f"error: {url} answered one JSON body (Content-Type: application/json), not an event stream: it ignores "
+            "`stream: true`" in text)
+    assert "error: the engine is asleep\n" in text
+    assert "no [DONE]" not in text
 
 
 def test_a_reply_that_ends_without_an_answer_or_a_call_says_so():
