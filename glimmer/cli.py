@@ -15,11 +15,12 @@ import os
 import re
 import signal
 import socket
+import stat
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 from urllib.parse import urlsplit
 
 from glimmer.default_model import DEFAULT_MODEL_BLURB
@@ -507,7 +508,7 @@ def _run_batch_file(args: argparse.Namespace, lines: list[Any], sigterm: _Sigter
     from glimmer.server.json_text import one_line_json
     from glimmer.server.settings import ServerSettings
 
-    with _batch_output(args.output_file, args.input_file) as write_text:
+    with _batch_output(args.output_file, args.input_file) as output:
         engine, name = _engine_from_args(args)
         default_note = _default_model_note(args)
         try:
@@ -528,7 +529,9 @@ def _run_batch_file(args: argparse.Namespace, lines: list[Any], sigterm: _Sigter
             max_in_flight = max_num_seqs + min(max_num_seqs, args.max_waiting_requests)
 
             def write(record: dict[str, Any]) -> None:
-                write_text(one_line_json(record) + "\n")
+                output.write(one_line_json(record) + "\n")
+
+            output.start()
 
             with tqdm(total=len(lines), desc="run-batch", unit="req", file=sys.stderr) as bar:
                 summary = asyncio.run(_cancelled_by_sigterm(run_batch(app, lines, write, max_in_flight=max_in_flight,
@@ -585,11 +588,39 @@ def _read_batch_input(source: str) -> bytes:
         raise UsageError(f"--input-file {source}: {error.strerror or error}") from None
 
 
+class _BatchOutput:
+    """run-batch's --output-file (`-`: stdout), opened before the model loads without emptying it: `start()` empties
+    it once the batch begins, so that a model that fails to load (a typo in MODEL, a bad config) leaves the results of
+    an earlier run there as they were. `write(text)` raises UsageError when writing fails (a full disk)."""
+
+    def __init__(self, target: str, output: TextIO):
+        self.target = target
+        self.output = output
+
+    def start(self) -> None:
+        # a device or a pipe (/dev/null, a FIFO) has nothing to empty, and refuses truncate()
+        if self.output is not sys.stdout and stat.S_ISREG(os.fstat(self.output.fileno()).st_mode):
+            self._written(lambda: self.output.truncate(0))
+
+    def write(self, text: str) -> None:
+        self._written(lambda: self.output.write(text))
+
+    def flush(self) -> None:
+        self._written(self.output.flush)
+
+    def _written(self, action: Callable[[], Any]) -> None:
+        try:
+            action()
+        except BrokenPipeError:  # stdout piped into `head` and the like
+            raise
+        except OSError as error:
+            raise UsageError(f"--output-file {self.target}: {error.strerror or error}") from None
+
+
 @contextlib.contextmanager
-def _batch_output(target: str, source: str) -> Iterator[Callable[[str], None]]:
-    """A function that writes text to run-batch's --output-file (`-`: stdout), opened before the model loads;
-    UsageError when it cannot be, when it is the input file (which it would overwrite), or when writing fails (a
-    full disk)."""
+def _batch_output(target: str, source: str) -> Iterator[_BatchOutput]:
+    """run-batch's --output-file, opened before the model loads; UsageError when it cannot be, when it is the input
+    file (which it would overwrite), or when writing fails (a full disk)."""
     _refuse_empty_path(target, "--output-file", "give the path to write the results to, or - for stdout")
     if urlsplit(target).scheme in ("http", "https"):
         raise UsageError(f"--output-file {target}: writing to a URL is not supported; give a local path (then upload "
@@ -599,21 +630,14 @@ def _batch_output(target: str, source: str) -> Iterator[Callable[[str], None]]:
     if target != "-" and source != "-" and path.exists() and path.samefile(Path(source).expanduser()):
         raise UsageError(f"--output-file {target} is the input file, which it would overwrite; give another path")
     try:
-        output = sys.stdout if target == "-" else path.open("w", encoding="utf-8")
+        # append mode checks that the file can be written without emptying it; start() empties it
+        output = sys.stdout if target == "-" else path.open("a", encoding="utf-8")
     except OSError as error:
         raise UsageError(f"--output-file {target}: {error.strerror or error}") from None
-
-    def written(action: Callable[[], Any]) -> None:
-        try:
-            action()
-        except BrokenPipeError:  # stdout piped into `head` and the like
-            raise
-        except OSError as error:
-            raise UsageError(f"--output-file {target}: {error.strerror or error}") from None
-
+    batch_output = _BatchOutput(target, output)
     try:
-        yield lambda text: written(lambda: output.write(text))
-        written(output.flush)
+        yield batch_output
+        batch_output.flush()
     finally:
         if output is not sys.stdout:
             with contextlib.suppress(OSError):  # what a failed flush left unwritten: that failure is reported

@@ -454,6 +454,23 @@ def test_an_input_or_output_that_cannot_be_used_is_one_line_before_the_model_loa
     assert all(word in err for word in words) and "no-such-model" not in err
 
 
+def test_an_earlier_output_is_kept_when_the_model_fails_to_load_and_replaced_by_a_batch(tiny_checkpoint, tmp_path,
+                                                                                          capsys):
+    """The output was opened for writing, emptied, before the model loaded: a typo in MODEL (or a bad config) erased
+    the results of an earlier run, and no batch ran. It is emptied once the batch begins, then written whole."""
+    (tmp_path / "in.jsonl").write_text(_line("a", "/v1/completions", {"prompt": "x", "max_tokens": 2}) + "\n")
+    out = tmp_path / "out.jsonl"
+    earlier = "".join(_line(f"earlier-{index}", "/v1/completions", {"prompt": "x"}) + "\n" for index in range(3))
+    out.write_text(earlier)
+    assert main(["run-batch", str(tmp_path / "no-such-model"), "-i", str(tmp_path / "in.jsonl"), "-o", str(out)]) == 2
+    assert "no-such-model" in capsys.readouterr().err
+    assert out.read_text() == earlier
+    assert main(["run-batch", str(tiny_checkpoint), "-i", str(tmp_path / "in.jsonl"), "-o", str(out),
+                 "--max-model-len", "2048"]) == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(record["custom_id"], record["response"]["status_code"]) for record in records] == [("a", 200)]
+
+
 def test_an_output_that_is_a_hard_link_to_the_input_is_refused_leaving_the_input_whole(capsys, tmp_path):
     """Only the same resolved path was taken for the input: a hard link to it was opened for writing, which emptied the
     input file (the batch ran from the bytes read before)."""
