@@ -479,9 +479,13 @@ def _run_batch(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
     except ValueError as error:
         raise UsageError(f"--input-file {args.input_file}: {error}") from None
     shown = "stdout" if args.output_file == "-" else args.output_file
+    output = None
     try:
-        summary, engine = _run_batch_file(args, lines, sigterm)
+        with _batch_output(args.output_file, args.input_file) as output:
+            summary, engine = _run_batch_file(args, lines, sigterm, output)
     except _Terminated:
+        if output is None or not output.started:  # the output is as it was: "stopped before the batch began"
+            raise
         print(f"run-batch: stopped by SIGTERM; the records finished before it are in {shown}", file=sys.stderr)
         return 128 + signal.SIGTERM
     failed = f", {summary.failed} failed (see their `error`)" * bool(summary.failed)
@@ -495,10 +499,11 @@ def _run_batch(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
     return 0
 
 
-def _run_batch_file(args: argparse.Namespace, lines: list[Any], sigterm: _SigtermWatch) -> tuple[Any, Any]:
-    """Load the engine and run `lines` through the server's routes into the output file: (BatchSummary, engine).
-    Raises _Terminated when SIGTERM stops the loading or the batch (the output holds the records finished before
-    it)."""
+def _run_batch_file(args: argparse.Namespace, lines: list[Any], sigterm: _SigtermWatch,
+                    output: _BatchOutput) -> tuple[Any, Any]:
+    """Load the engine and run `lines` through the server's routes into `output`: (BatchSummary, engine). Raises
+    _Terminated when SIGTERM stops the loading (`output` not started) or the batch (it holds the records finished
+    before it)."""
     import asyncio
 
     from tqdm import tqdm
@@ -508,36 +513,35 @@ def _run_batch_file(args: argparse.Namespace, lines: list[Any], sigterm: _Sigter
     from glimmer.server.json_text import one_line_json
     from glimmer.server.settings import ServerSettings
 
-    with _batch_output(args.output_file, args.input_file) as output:
-        engine, name = _engine_from_args(args)
-        default_note = _default_model_note(args)
-        try:
-            sigterm.check()  # a SIGTERM the loading code dropped
-            if default_note is not None:
-                print(f"No MODEL given: {default_note}", file=sys.stderr)
-            # the body's `model` may name the model as `glimmer serve` does (the directory's name) or as it was given
-            # here, which vLLM's run-batch serves it as
-            names = tuple(args.served_model_name or dict.fromkeys([name, args.model or name]))
-            settings = ServerSettings(
-                served_model_names=names, max_request_bytes=sys.maxsize,  # a line is no upload to limit
-                default_reasoning_strength=args.default_reasoning_strength,
-                media_policy=_media_policy(args), **_media_counts(args))
-            app = create_app(engine, settings)
-            # twice the batch the engine runs keeps it full as requests finish; those beyond it wait in its queue,
-            # whose --max-waiting-requests they stay within (beyond, the engine's 429 would only be retried)
-            max_num_seqs = engine.engine.scheduler_config.max_num_seqs
-            max_in_flight = max_num_seqs + min(max_num_seqs, args.max_waiting_requests)
+    engine, name = _engine_from_args(args)
+    default_note = _default_model_note(args)
+    try:
+        sigterm.check()  # a SIGTERM the loading code dropped
+        if default_note is not None:
+            print(f"No MODEL given: {default_note}", file=sys.stderr)
+        # the body's `model` may name the model as `glimmer serve` does (the directory's name) or as it was given
+        # here, which vLLM's run-batch serves it as
+        names = tuple(args.served_model_name or dict.fromkeys([name, args.model or name]))
+        settings = ServerSettings(
+            served_model_names=names, max_request_bytes=sys.maxsize,  # a line is no upload to limit
+            default_reasoning_strength=args.default_reasoning_strength,
+            media_policy=_media_policy(args), **_media_counts(args))
+        app = create_app(engine, settings)
+        # twice the batch the engine runs keeps it full as requests finish; those beyond it wait in its queue,
+        # whose --max-waiting-requests they stay within (beyond, the engine's 429 would only be retried)
+        max_num_seqs = engine.engine.scheduler_config.max_num_seqs
+        max_in_flight = max_num_seqs + min(max_num_seqs, args.max_waiting_requests)
 
-            def write(record: dict[str, Any]) -> None:
-                output.write(one_line_json(record) + "\n")
+        def write(record: dict[str, Any]) -> None:
+            output.write(one_line_json(record) + "\n")
 
-            output.start()
+        output.start()
 
-            with tqdm(total=len(lines), desc="run-batch", unit="req", file=sys.stderr) as bar:
-                summary = asyncio.run(_cancelled_by_sigterm(run_batch(app, lines, write, max_in_flight=max_in_flight,
-                                                                      on_done=bar.update)))
-        finally:
-            engine.shutdown()
+        with tqdm(total=len(lines), desc="run-batch", unit="req", file=sys.stderr) as bar:
+            summary = asyncio.run(_cancelled_by_sigterm(run_batch(app, lines, write, max_in_flight=max_in_flight,
+                                                                  on_done=bar.update)))
+    finally:
+        engine.shutdown()
     return summary, engine
 
 
@@ -596,8 +600,10 @@ class _BatchOutput:
     def __init__(self, target: str, output: TextIO):
         self.target = target
         self.output = output
+        self.started = False
 
     def start(self) -> None:
+        self.started = True
         # a device or a pipe (/dev/null, a FIFO) has nothing to empty, and refuses truncate()
         if self.output is not sys.stdout and stat.S_ISREG(os.fstat(self.output.fileno()).st_mode):
             self._written(lambda: self.output.truncate(0))
