@@ -896,6 +896,9 @@ def _chat(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
     """`glimmer chat` with SIGTERM raising _Terminated."""
     from glimmer.server.chat_client import run_chat
 
+    if args.url is not None:  # `--url "$SERVER"` with SERVER unset is no in-process chat
+        _refuse_empty_path(args.url, "--url", "give the server's address, e.g. http://127.0.0.1:8000, or leave --url "
+                                              "out to load the model in-process")
     options = _chat_request_options(args)
     _check_engine_options(args)
     if args.url:

@@ -1248,6 +1248,15 @@ def test_a_url_that_is_not_an_http_server_address_is_one_line(capsys, url):
     _fails_with_one_line(capsys, ["chat", "--url", url], "--url", repr(url), "http://127.0.0.1:8000")
 
 
+@pytest.mark.parametrize("url", ["", "  "])
+def test_an_empty_url_is_refused_not_taken_for_an_in_process_chat(capsys, tmp_path, url):
+    """`--url "$SERVER"` with SERVER unset read as no --url: the chat loaded the model in-process (the embedded one,
+    with no MODEL) and talked to it, not to the server meant."""
+    err = _fails_with_one_line(capsys, ["chat", str(tmp_path / "missing"), "--url", url], "--url is empty",
+                               "http://127.0.0.1:8000", "leave --url out to load the model in-process")
+    assert "missing" not in err  # no model was looked for
+
+
 @pytest.mark.parametrize(("option", "value"), [("--max-tokens", "-5"), ("--max-tokens", "0"),
                                                ("--max-tokens", str(2**31)), ("--temperature", "-1"),
                                                ("--temperature", "nan"), ("--temperature", "inf"),
