@@ -922,7 +922,7 @@ def _chat(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
             verb, pronoun = ("applies", "it") if len(remote_only) == 1 else ("apply", "them")
             raise UsageError(f"{', '.join(remote_only)} only {verb} to a --url server; without --url the model is "
                              f"loaded in-process: leave {pronoun} out, or add --url")
-    tools = _read_tools(args.tools) if args.tools else None
+    tools = _read_tools(args.tools) if args.tools is not None else None
     color = not args.no_color and not _no_color() and sys.stdout.isatty()
     chat = dict(out=sys.stdout, read_line=input, system=args.system, tools=tools, request_options=options,
                 color=color)
@@ -1043,6 +1043,8 @@ def _read_tools(path: str) -> list[dict[str, Any]]:
     """The tool declarations of a JSON file; UsageError naming the file when it cannot be used."""
     from glimmer.protocol import normalize_tools
 
+    # `--tools "$TOOLS"` with TOOLS unset: not a chat without tools
+    _refuse_empty_path(path, "--tools", "give the JSON file of tool declarations, or leave --tools out")
     try:
         tools = json.loads(Path(path).read_text())
     except OSError as error:

@@ -991,6 +991,13 @@ def test_a_missing_or_invalid_tools_file_is_one_line(capsys, tmp_path):
     _fails_with_one_line(capsys, ["chat", "--tools", str(tmp_path / "nameless.json")], "name")
 
 
+def test_an_empty_tools_path_is_refused_not_taken_for_a_chat_without_tools(capsys, tmp_path):
+    """`--tools "$TOOLS"` with TOOLS unset read as no --tools: the chat ran, the model told of no tools."""
+    err = _fails_with_one_line(capsys, ["chat", str(tmp_path / "missing"), "--tools", ""], "--tools is empty",
+                               "leave --tools out")
+    assert "missing" not in err  # no model was looked for
+
+
 def test_an_unreachable_url_is_one_line_and_a_failure(capsys):
     url = f"http://127.0.0.1:{free_port()}/v1"
     _fails_with_one_line(capsys, ["chat", "--url", url], f"cannot reach {url}: ")
