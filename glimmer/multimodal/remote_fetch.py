@@ -95,10 +95,11 @@ MAX_PENDING_LOOKUPS = 64  # over the 40 fetches a server's loop runs at once, so
 _PENDING_LOOKUPS = threading.BoundedSemaphore(MAX_PENDING_LOOKUPS)
 
 
-def _resolve(host: str, port: int, timeout_s: float, limit_s: float) -> list[tuple]:
-    """`socket.getaddrinfo(host, port)`, given up after `timeout_s` (the lookup itself cannot be interrupted: it ends on
-    its daemon thread, which holds one of the MAX_PENDING_LOOKUPS until then). Raises RemoteMediaError naming
-    `limit_s`, the whole fetch's limit; LookupsBusyError where all MAX_PENDING_LOOKUPS are held."""
+def _resolve(host: str, port: int, timeout_s: float, limit_s: float, cancel: CancelToken | None) -> list[tuple]:
+    """`socket.getaddrinfo(host, port)`, given up after `timeout_s` or once `cancel` is cancelled (looked at every
+    CANCEL_CHECK_S; the lookup itself cannot be interrupted: it ends on its daemon thread, which holds one of the
+    MAX_PENDING_LOOKUPS until then). Raises RemoteMediaError naming `limit_s`, the whole fetch's limit; Cancelled;
+    LookupsBusyError where all MAX_PENDING_LOOKUPS are held."""
     if not _PENDING_LOOKUPS.acquire(blocking=False):
         raise LookupsBusyError(f"{MAX_PENDING_LOOKUPS} host-name lookups are still waiting on the DNS resolver")
     outcome: list = []
@@ -117,7 +118,11 @@ def _resolve(host: str, port: int, timeout_s: float, limit_s: float) -> list[tup
     except BaseException:  # no thread ("can't start new thread"), so none will release the place taken for it
         _PENDING_LOOKUPS.release()
         raise
-    thread.join(max(timeout_s, 0))
+    end = time.monotonic() + timeout_s
+    while thread.is_alive() and (left := end - time.monotonic()) > 0:
+        if cancel is not None:
+            cancel.check()
+        thread.join(min(CANCEL_CHECK_S, left))
     if not outcome:
         raise RemoteMediaError(f"cannot resolve {host!r} within {limit_s} s")
     if isinstance(outcome[0], Exception):
@@ -126,9 +131,10 @@ def _resolve(host: str, port: int, timeout_s: float, limit_s: float) -> list[tup
 
 
 class _GuardedBackend(httpcore.SyncBackend):
-    def __init__(self, policy: MediaFetchPolicy, deadline: float):
+    def __init__(self, policy: MediaFetchPolicy, deadline: float, cancel: CancelToken | None):
         self._policy = policy
         self._deadline = deadline  # time.monotonic() by which the whole fetch ends
+        self._cancel = cancel
         # a duplicate descriptor of each connection: shutdown(2) acts on the connection, whichever descriptor names
         # it, and TLS detaches the socket httpcore was handed
         self._connections: list[socket.socket] = []
@@ -136,7 +142,8 @@ class _GuardedBackend(httpcore.SyncBackend):
         self.was_cut = False
 
     def cut(self) -> None:
-        """Shut every connection down, ending a read in progress (the deadline has passed)."""
+        """Shut every connection down, ending a read in progress (the deadline has passed, or the fetch was
+        cancelled)."""
         with self._lock:
             self.was_cut = True
             for connection in self._connections:
@@ -152,16 +159,26 @@ class _GuardedBackend(httpcore.SyncBackend):
             self._connections.clear()
 
     def time_left(self, doing: str) -> float:
-        """Seconds left until the deadline; RemoteMediaError naming what was `doing` once none are."""
+        """Seconds left until the deadline; RemoteMediaError naming what was `doing` once none are, Cancelled once the
+        fetch is."""
         left = self._deadline - time.monotonic()
         if left <= 0:
-            raise RemoteMediaError(f"no answer within {self._policy.timeout_s} s ({doing})")
+            raise self.cut_short(f"no answer within {self._policy.timeout_s} s ({doing})")
+        if self._cancel is not None:
+            self._cancel.check()
         return left
+
+    def cut_short(self, message: str) -> RemoteMediaError:
+        """The error of a fetch cut short (its connection cut, a wait timed out): RemoteMediaError(`message`) for the
+        deadline; raises Cancelled instead where the fetch was cancelled, which cuts its connections too."""
+        if self._cancel is not None:
+            self._cancel.check()
+        return RemoteMediaError(message)
 
     def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
                     socket_options=None) -> httpcore.NetworkStream:
         host = host.lower().rstrip(".")
-        found = _resolve(host, port, self.time_left("resolving the host"), self._policy.timeout_s)
+        found = _resolve(host, port, self.time_left("resolving the host"), self._policy.timeout_s, self._cancel)
         addresses = list(dict.fromkeys(str(info[4][0]) for info in found))
         if host not in self._policy.allowed_domains:
             refused = [address for address in addresses if not is_public_address(address)]
@@ -192,7 +209,7 @@ def fetch_remote(url: str, policy: MediaFetchPolicy, cancel: CancelToken | None 
     held up by too many lookups, Cancelled once `cancel` is.
     """
     deadline = time.monotonic() + policy.timeout_s
-    backend = _GuardedBackend(policy, deadline)
+    backend = _GuardedBackend(policy, deadline, cancel)
     done = threading.Event()
     threading.Thread(target=_cut_at_deadline_or_cancel, args=(backend, deadline, cancel, done),
                      name="glimmer-media-watchdog", daemon=True).start()
@@ -241,17 +258,13 @@ def _fetch(url: str, policy: MediaFetchPolicy, backend: _GuardedBackend, deadlin
                         raise RemoteMediaError(f"HTTP {response.status}")
                     body = _read_body(response, policy, deadline, cancel)
                     if backend.was_cut:  # a body that ends with the connection was cut short, not complete
-                        if cancel is not None:
-                            cancel.check()
-                        raise RemoteMediaError(f"the download took longer than {policy.timeout_s} s")
+                        raise backend.cut_short(f"the download took longer than {policy.timeout_s} s")
                     return body
             except (RemoteMediaError, LookupsBusyError, Cancelled):
                 raise
             except Exception as error:  # network, TLS, protocol and URL errors of every kind
-                if backend.was_cut and cancel is not None:  # cut for the cancel, not the deadline
-                    cancel.check()
                 if backend.was_cut or isinstance(error, httpcore.TimeoutException):
-                    raise RemoteMediaError(f"no answer within {policy.timeout_s} s") from None
+                    raise backend.cut_short(f"no answer within {policy.timeout_s} s") from None
                 raise RemoteMediaError(f"{type(error).__name__}: {error}") from None
     raise RemoteMediaError(f"more than {policy.max_redirects} redirects")
 

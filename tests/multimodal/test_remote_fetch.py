@@ -89,7 +89,7 @@ def test_a_resolver_that_does_not_answer_ends_the_fetch_by_its_time_limit(unansw
 def test_a_slow_lookup_late_in_the_fetch_names_the_fetch_limit_not_the_seconds_left(unanswered_lookups):
     """The lookup gets what is left of the fetch's time; the error named those seconds (0.1 s of a 0.3 s limit, or
     0.2 s when the machine was slow to get there) instead of the limit the user set."""
-    backend = _GuardedBackend(MediaFetchPolicy.create(allow_remote=True, timeout_s=0.3), time.monotonic() + 0.1)
+    backend = _GuardedBackend(MediaFetchPolicy.create(allow_remote=True, timeout_s=0.3), time.monotonic() + 0.1, None)
     backend.time_left = lambda doing: 0.1  # the fetch's last tenth of a second, however slowly the test got here
     with pytest.raises(RemoteMediaError, match=r"cannot resolve 'slow-dns.example' within 0.3 s"):
         backend.connect_tcp("slow-dns.example", 80)
@@ -205,6 +205,42 @@ def test_cancelling_a_fetch_ends_its_wait_on_a_server_that_does_not_answer():
     assert len(outcome) == 1 and isinstance(outcome[0], Cancelled), outcome
 
 
+def test_cancelling_a_fetch_ends_its_wait_on_a_lookup_that_does_not_answer(monkeypatch):
+    """The lookup of the host was waited on to the fetch's time limit whatever the cancel token said (the watchdog cuts
+    connections, and there is none yet): a fetch of a host whose DNS did not answer kept its thread, and `glimmer
+    serve`'s exit, that long after its request was cancelled."""
+    looking_up, answer = threading.Event(), threading.Event()
+
+    def slow_lookup(host, port, **kwargs):
+        looking_up.set()
+        answer.wait(60)
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.0.0.7", port))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow_lookup)
+    cancel = CancelToken()
+    outcome: list[BaseException] = []
+
+    def fetch():
+        try:
+            fetch_remote("http://slow.example/cat.gif", MediaFetchPolicy.create(allow_remote=True, timeout_s=3600),
+                         cancel)
+        except BaseException as error:
+            outcome.append(error)
+
+    fetching = threading.Thread(target=fetch, daemon=True)  # (before the fix it waited the hour)
+    try:
+        fetching.start()
+        assert looking_up.wait(60)
+        cancel.cancel()
+        fetching.join(60)
+        assert not fetching.is_alive(), "the cancelled fetch still waits on the lookup"
+        assert len(outcome) == 1 and isinstance(outcome[0], Cancelled), outcome
+    finally:
+        answer.set()
+        for thread in resolver_threads():
+            thread.join()
+
+
 def resolver_threads() -> list[threading.Thread]:
     return [thread for thread in threading.enumerate() if thread.name == "glimmer-media-resolve"]
 
@@ -257,8 +293,8 @@ def test_a_lookup_whose_thread_cannot_start_gives_its_place_back(monkeypatch):
     monkeypatch.setattr(threading.Thread, "start", refuse)
     for _ in range(MAX_PENDING_LOOKUPS + 1):
         with pytest.raises(RuntimeError, match="can't start new thread"):
-            _resolve("example.com", 80, 1.0, 1.0)
+            _resolve("example.com", 80, 1.0, 1.0, None)
     monkeypatch.undo()
     monkeypatch.setattr(socket, "getaddrinfo", lambda host, port, **kwargs: [
         (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.0.0.7", port))])
-    assert _resolve("example.com", 80, 5.0, 5.0)[0][4] == ("10.0.0.7", 80)
+    assert _resolve("example.com", 80, 5.0, 5.0, None)[0][4] == ("10.0.0.7", 80)
