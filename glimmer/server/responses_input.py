@@ -152,11 +152,14 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
         another message, or ended there: max_output_tokens cut it while the model reasoned) is the message to `self`
         the model wrote (`to=self`, `<|eom|>`: §2.1 ends a non-user recipient's message so): as reasoning alone, the
         template would render an empty answer after it, a message the model never wrote, and joined to a next
-        reasoning item one `to=self` message where the model wrote two."""
+        reasoning item one `to=self` message where the model wrote two. One whose reasoning is empty (its item sent
+        back without text) is dropped: rendered, it would be an empty `to=self` message the model never wrote."""
         nonlocal assistant
+        if assistant is not None and assistant["content"] is None and not assistant.get("tool_calls"):
+            # reasoning alone; an empty one (a reasoning item sent back without its text) is nothing the model wrote
+            reasoning = assistant["reasoning_content"]
+            assistant = {"role": "assistant", "recipient": "self", "content": reasoning} if reasoning else None
         if assistant is not None:
-            if assistant["content"] is None and not assistant.get("tool_calls"):
-                assistant = {"role": "assistant", "recipient": "self", "content": assistant["reasoning_content"]}
             messages.append(assistant)
             origins.append(assistant_origin)
             assistant = None

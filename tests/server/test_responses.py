@@ -415,6 +415,18 @@ def test_the_conversion_puts_outputs_in_call_order_and_keeps_their_sources():
         (None, "input[0]"), (None, "input[1]"), ("cParis", "input[4]"), ("cOslo", "input[3]")]
 
 
+def test_a_reasoning_item_sent_back_without_its_text_renders_as_nothing():
+    """A reasoning item whose text the client did not keep (`summary: []`) rendered, once each reasoning item became a
+    message of its own, as an empty `to=self` message the model never wrote; it is left out, alone or before more."""
+    user = {"role": "user", "content": "hi"}
+    empty = {"type": "reasoning", "summary": []}
+    thought = {"type": "reasoning", "summary": [{"type": "summary_text", "text": "think"}]}
+    answer = {"role": "assistant", "content": "ans"}
+    assert chat_messages([user, empty, thought, answer], None) == [
+        user, {"role": "assistant", "content": "ans", "reasoning_content": "think"}]
+    assert chat_messages([user, empty], None) == [user]
+
+
 CALL_P = {"type": "function_call", "call_id": "cP", "name": "get_weather", "arguments": '{"city": "Paris"}'}
 OUTPUT_P = {"type": "function_call_output", "call_id": "cP", "output": "rain"}
 
