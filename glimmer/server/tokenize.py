@@ -26,7 +26,7 @@ from glimmer.server.schemas import ChatCompletionRequest, Items, RequestBody, pa
 from glimmer.server.streaming import in_worker_thread
 
 CHAT_FIELDS = ("messages", "add_generation_prompt", "continue_final_message", "tools", "chat_template",
-               "chat_template_kwargs")
+               "chat_template_kwargs", "mm_processor_kwargs")
 """The /tokenize fields that are /v1/chat/completions fields, rendered as that endpoint renders them."""
 
 
@@ -46,6 +46,7 @@ class TokenizeRequest(RequestBody):
     tools: Items[dict[str, Any]] | None = None
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None  # vLLM's TokenizeChatRequest has it: {} alone, as chat takes it
 
 
 class DetokenizeRequest(RequestBody):

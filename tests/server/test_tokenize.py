@@ -29,6 +29,11 @@ def error_param(response: httpx.Response) -> str | None:
     return error["param"]
 
 
+def error_message(response: httpx.Response) -> str:
+    assert response.status_code == 400, response.text
+    return response.json()["error"]["message"]
+
+
 def test_a_prompt_counts_as_completions_count_it_with_the_bos_unless_add_special_tokens_is_false(server):
     usage = post(server, "/v1/completions", model="tiny", prompt="The sky is blue", max_tokens=1).json()["usage"]
     tokenized = post(server, "/tokenize", model="tiny", prompt="The sky is blue").json()
@@ -82,6 +87,20 @@ def test_add_generation_prompt_and_continue_final_message_end_the_prompt_where_c
     continued = [*MESSAGES, {"role": "assistant", "content": "It is"}]
     text = post(server, "/detokenize", tokens=tokens(messages=continued, continue_final_message=True)).json()
     assert text["prompt"].endswith("It is")
+
+
+def test_mm_processor_kwargs_is_taken_with_messages_as_the_chat_endpoint_takes_it(server):
+    """vLLM's TokenizeChatRequest has chat's mm_processor_kwargs: a client counting a chat request's prompt by sending
+    its fields to /tokenize, `mm_processor_kwargs: {}` among them, was refused for an unknown field where the chat
+    endpoint took it; an override is refused as chat refuses it, and beside a prompt it is a chat field."""
+    plain = post(server, "/tokenize", messages=MESSAGES, chat_template_kwargs=PINNED_DATE).json()
+    assert post(server, "/tokenize", messages=MESSAGES, chat_template_kwargs=PINNED_DATE,
+                mm_processor_kwargs={}).json() == plain
+    refused = post(server, "/tokenize", messages=MESSAGES, mm_processor_kwargs={"max_pixels": 4})
+    assert error_param(refused) == "mm_processor_kwargs.max_pixels"
+    assert refused.json()["error"]["message"] == error_message(post(
+        server, "/v1/chat/completions", model="tiny", messages=MESSAGES, mm_processor_kwargs={"max_pixels": 4}))
+    assert error_param(post(server, "/tokenize", prompt="hi", mm_processor_kwargs={})) == "mm_processor_kwargs"
 
 
 def test_detokenize_gives_back_the_text_special_tokens_kept(server):
