@@ -72,7 +72,7 @@ fault such as a sticky CUDA error, not one bad request: each failure already end
 class FinishedCompletion:
     """One completion's life, handed to `on_finished` callbacks as it ends (vLLM's per-request statistics; a
     request of n completions gives n). Times are seconds; one not measured is None: `queue_time` of a completion
-    never scheduled, `prefill_time` and `decode_time` of one that generated no token."""
+    never scheduled, `time_to_first_token`, `prefill_time` and `decode_time` of one that generated no token."""
 
     finish_reason: str  # "stop" | "length" | "abort" | "error" (a failed step, or the engine's death)
     num_prompt_tokens: int
@@ -80,19 +80,23 @@ class FinishedCompletion:
     queue_time: float | None  # from the request's arrival to the completion's first step
     prefill_time: float | None  # from its first step to its first token
     decode_time: float | None  # from its first token to its last
+    time_to_first_token: float | None  # from the request's arrival to the completion's first token
+    e2e_latency: float  # from the request's arrival to the completion's end
 
     @classmethod
     def timed(cls, reason: str, num_prompt_tokens: int, num_generation_tokens: int, arrival: float,
               first_scheduled: float | None, first_token: float | None, last_token: float | None
               ) -> FinishedCompletion:
         """From the wall-clock times of the request's arrival, the completion's first step and its first and last
-        tokens (None where not reached)."""
+        tokens (None where not reached); it ends now."""
         return cls(
             reason, num_prompt_tokens, num_generation_tokens,
             queue_time=None if first_scheduled is None else max(0.0, first_scheduled - arrival),
             prefill_time=None if first_scheduled is None or first_token is None
             else max(0.0, first_token - first_scheduled),
-            decode_time=None if first_token is None or last_token is None else last_token - first_token)
+            decode_time=None if first_token is None or last_token is None else last_token - first_token,
+            time_to_first_token=None if first_token is None else max(0.0, first_token - arrival),
+            e2e_latency=max(0.0, time.time() - arrival))
 
 
 @dataclass

@@ -141,7 +141,7 @@ def _spec_decode_metrics(spec) -> Iterator[Metric]:
 
 
 class _VllmLatencies(Collector):
-    """The latency histograms again under vLLM's names (the same observations, labelled `model_name`)."""
+    """Inter-token latency again under vLLM's names (the same observations, labelled `model_name`)."""
 
     def __init__(self, histograms: list[tuple[str, Histogram]], model_name: str):
         self._histograms = histograms
@@ -195,15 +195,19 @@ class ServerMetrics:
             ("vllm:request_prefill_time_seconds", "From a request's first step to its first token",
              _VLLM_REQUEST_LATENCY_BUCKETS_S),
             ("vllm:request_decode_time_seconds", "From a request's first token to its last",
-             _VLLM_REQUEST_LATENCY_BUCKETS_S))}
+             _VLLM_REQUEST_LATENCY_BUCKETS_S),
+            # per completion, as vLLM observes them: glimmer_time_to_first_token_seconds and
+            # glimmer_request_duration_seconds time each HTTP request from its arrival at the server
+            ("vllm:time_to_first_token_seconds", "From a request's arrival at the engine to its first token (one per "
+             "completion that generated one, observed as it ends)", _LATENCY_BUCKETS_S),
+            ("vllm:e2e_request_latency_seconds", "From a request's arrival at the engine to its end (one per "
+             "finished completion, aborted and failed ones included)", _VLLM_REQUEST_LATENCY_BUCKETS_S))}
         engine.on_finished(self._finished)
         engine.on_token_gap(self.inter_token_latency.observe)
         self.registry.register(_EngineCollector(engine, model_name))
         self.registry.register(_VllmLatencies([
-            ("vllm:time_to_first_token_seconds", self.time_to_first_token),
             ("vllm:inter_token_latency_seconds", self.inter_token_latency),
-            ("vllm:time_per_output_token_seconds", self.inter_token_latency),  # vLLM's older name
-            ("vllm:e2e_request_latency_seconds", self.request_latency)], model_name))
+            ("vllm:time_per_output_token_seconds", self.inter_token_latency)], model_name))  # vLLM's older name
 
     def _finished(self, record: FinishedCompletion) -> None:
         """One completion ended (on the engine thread): vLLM's per-request figures, those that were measured."""
@@ -212,7 +216,9 @@ class ServerMetrics:
                             ("vllm:request_generation_tokens", record.num_generation_tokens),
                             ("vllm:request_queue_time_seconds", record.queue_time),
                             ("vllm:request_prefill_time_seconds", record.prefill_time),
-                            ("vllm:request_decode_time_seconds", record.decode_time)):
+                            ("vllm:request_decode_time_seconds", record.decode_time),
+                            ("vllm:time_to_first_token_seconds", record.time_to_first_token),
+                            ("vllm:e2e_request_latency_seconds", record.e2e_latency)):
             if value is not None:
                 self.request_histograms[name].observe(value)
 

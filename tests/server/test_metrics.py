@@ -111,3 +111,32 @@ def test_a_beam_search_the_client_leaves_counts_its_beams_as_aborted(make_tiny):
     assert _grew(before, after, f'vllm:request_success_total{{finished_reason="abort",{model}}}') == 3
     assert _grew(before, after, f'vllm:request_success_total{{finished_reason="length",{model}}}') == 0
     assert _grew(before, after, "glimmer_prompt_tokens_total") == prompt_tokens  # once, not once per step
+
+
+def test_vllms_time_to_first_token_and_e2e_latency_count_each_completion_as_its_finished_requests_do(make_tiny):
+    """vLLM observes time to first token and e2e latency per completion (n per request, each prompt of a list), in
+    the loop that counts vllm:request_success_total: they were the server's per-HTTP-request histograms under vLLM's
+    names, so a request of n 3 added 3 finished requests and 1 e2e latency, and an aborted one none."""
+    model = 'model_name="tiny"'
+    with live_server(make_tiny(), scripted=True) as server:
+        before = server.wait_for_idle()
+        for body in ({"prompt": "x y", "n": 3, "max_tokens": 4}, {"prompt": ["x y", "a b c"], "max_tokens": 2},
+                     {"prompt": "x y", "max_tokens": 0, "echo": True}):
+            response = httpx.post(server.base_url + "/completions", timeout=30,
+                                  json={"model": "tiny", "ignore_eos": True, **body})
+            assert response.status_code == 200, response.text
+        server.engine.engine.runner.step_delay_s = 0.02
+        with httpx.stream("POST", server.base_url + "/completions", timeout=30, json={
+                "model": "tiny", "prompt": "x y", "max_tokens": 500, "ignore_eos": True, "stream": True}) as stream:
+            # the client leaves once its first token came: its completion ends aborted
+            next(line for line in stream.iter_lines() if line.startswith("data: {"))
+        after = server.wait_for_idle()
+    finished = sum(_grew(before, after, f'vllm:request_success_total{{finished_reason="{reason}",{model}}}')
+                   for reason in ("stop", "length", "abort", "error"))
+    assert finished == 7
+    assert _grew(before, after, f"vllm:e2e_request_latency_seconds_count{{{model}}}") == finished
+    # every completion but the echo of max_tokens 0 generated a token
+    assert _grew(before, after, f"vllm:time_to_first_token_seconds_count{{{model}}}") == 6
+    # the server's own figures time each HTTP request answered
+    assert _grew(before, after, "glimmer_request_duration_seconds_count") == 3
+    assert _grew(before, after, "glimmer_time_to_first_token_seconds_count") == 3
