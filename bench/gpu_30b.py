@@ -481,10 +481,7 @@ def server(path: Path, engine_figures: dict[str, float]) -> dict[str, float]:
         record("server, 64 clients 1K-in/256-out, output", out["server_64_tok_s"], "tok/s",
                engine_figures["batch_64_output_tok_s"], "LLM.generate on the same load")
     finally:
-        try:
-            server_process.stop(signal.SIGTERM, timeout_s=30)
-        except subprocess.TimeoutExpired:
-            server_process.process.kill()
+        server_process.stop(signal.SIGTERM, timeout_s=30)
     return out
 
 

@@ -23,7 +23,6 @@ import random
 import re
 import signal
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -213,10 +212,7 @@ def serve(args: argparse.Namespace):
             raise SystemExit(f"the server did not start: {str(error)[-4000:]}") from None
         yield url, server.process.pid
     finally:
-        try:
-            server.stop(signal.SIGTERM, timeout_s=30)
-        except subprocess.TimeoutExpired:
-            server.process.kill()
+        server.stop(signal.SIGTERM, timeout_s=30)
 
 
 def main() -> int:

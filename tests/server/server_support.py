@@ -157,10 +157,17 @@ class ServeProcess:
         return self._url
 
     def stop(self, stop_signal: int = signal.SIGINT, timeout_s: float = 60) -> str:
-        """Sends `stop_signal` unless the process has exited, waits for it to exit; returns all it wrote."""
+        """Sends `stop_signal` unless the process has exited, waits for it to exit; returns all it wrote.
+        subprocess.TimeoutExpired if it has not exited by `timeout_s`, once it is killed and reaped: a server that
+        hangs on shutdown does not outlive its test."""
         if self.process.poll() is None:
             self.process.send_signal(stop_signal)
-        self.process.wait(timeout_s)
+        try:
+            self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise
         self._reader.join(timeout_s)
         return self.output
 
