@@ -437,7 +437,7 @@ def server(path: Path, engine_figures: dict[str, float]) -> dict[str, float]:
     import httpx
 
     sys.path.insert(0, str(ROOT / "tests" / "server"))
-    from server_support import ServeProcess  # the tests' server process: --port 0, the URL it reports
+    from server_support import ServeProcess, ServerDidNotStart  # the tests' server process: --port 0, its URL
 
     server_process = ServeProcess(
         ["-m", "glimmer.cli", "--log-level", "WARNING", "serve", str(path), "--load-format", "dummy",
@@ -447,8 +447,8 @@ def server(path: Path, engine_figures: dict[str, float]) -> dict[str, float]:
     try:
         try:
             url = server_process.wait_until_serving(timeout_s=300)
-        except AssertionError as error:  # it exited, or did not serve in time: with what it wrote
-            raise RuntimeError(f"the server did not start: {str(error)[-3000:]}") from None
+        except ServerDidNotStart as error:  # it exited, or did not serve in time: with the end of what it wrote
+            raise RuntimeError(f"the server did not start: {error.reason}:\n{error.output[-3000:]}") from None
         with httpx.Client() as client:
             stream_completion(client, url, fresh_prompts(1, 1024, 50)[0], 16)  # warm-up: the batch-1 graph
             warm = [threading.Thread(target=stream_completion, args=(client, url, p, 8))

@@ -31,7 +31,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "server"))
-from server_support import ServeProcess  # noqa: E402
+from server_support import ServeProcess, ServerDidNotStart  # noqa: E402
 
 MODEL_NAME = "soak"
 BUSY_GAUGES = re.compile(r"glimmer_(num_requests_running|num_requests_waiting|kv_blocks_used)\b")
@@ -208,8 +208,8 @@ def serve(args: argparse.Namespace):
     try:
         try:
             url = server.wait_until_serving(timeout_s=args.startup_timeout_s)
-        except AssertionError as error:  # it exited, or did not serve in time
-            raise SystemExit(f"the server did not start: {str(error)[-4000:]}") from None
+        except ServerDidNotStart as error:  # it exited, or did not serve in time
+            raise SystemExit(f"the server did not start: {error.reason}:\n{error.output[-4000:]}") from None
         yield url, server.process.pid
     finally:
         server.stop(signal.SIGTERM, timeout_s=30)

@@ -86,17 +86,29 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+class ServerDidNotStart(RuntimeError):
+    """The server exited, or was not serving in its time: `reason` says which, `output` holds what it wrote where
+    that was read ("" if not)."""
+
+    def __init__(self, reason: str, output: str = ""):
+        super().__init__(f"{reason}:\n{output}" if output else reason)
+        self.reason = reason
+        self.output = output
+
+
 def wait_for_health(process: subprocess.Popen, url: str, timeout_s: float = 120, *,
                     verify: ssl.SSLContext | bool = True) -> None:
-    """Returns once `url`/health answers 200; AssertionError if `process` exits first or it does not by `timeout_s`
-    (imports alone can take a minute on a loaded machine)."""
+    """Returns once `url`/health answers 200; ServerDidNotStart if `process` exits first or it does not by
+    `timeout_s` (imports alone can take a minute on a loaded machine)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        assert process.poll() is None, f"the server exited with status {process.returncode}"
+        if process.poll() is not None:
+            raise ServerDidNotStart(f"the server exited with status {process.returncode}")
         with contextlib.suppress(httpx.TransportError):
             if httpx.get(url + "/health", timeout=1, verify=verify).status_code == 200:
                 return
-        assert time.monotonic() < deadline, f"{url}/health did not answer 200 within {timeout_s} s"
+        if time.monotonic() >= deadline:
+            raise ServerDidNotStart(f"{url}/health did not answer 200 within {timeout_s} s")
         time.sleep(0.2)
 
 
@@ -146,14 +158,15 @@ class ServeProcess:
 
     def wait_until_serving(self, timeout_s: float = 120, *, verify: ssl.SSLContext | bool = True) -> str:
         """The URL the server reports (`http://127.0.0.1:PORT`, https with --ssl-keyfile), once its /health answers
-        200; AssertionError, with its output, if it exits first or is not serving by `timeout_s`."""
+        200; ServerDidNotStart, with its output, if it exits first or is not serving by `timeout_s`."""
         deadline = time.monotonic() + timeout_s
-        assert self._reported.wait(timeout_s) and self._url is not None, \
-            f"the server reported no URL:\n{self.output}"
+        reported = self._reported.wait(timeout_s)
+        if not reported or self._url is None:
+            raise ServerDidNotStart("the server reported no URL", self.output)
         try:
             wait_for_health(self.process, self._url, deadline - time.monotonic(), verify=verify)
-        except AssertionError as error:
-            raise AssertionError(f"{error}:\n{self.output}") from None
+        except ServerDidNotStart as error:
+            raise ServerDidNotStart(error.reason, self.output) from None
         return self._url
 
     def stop(self, stop_signal: int = signal.SIGINT, timeout_s: float = 60) -> str:

@@ -6,7 +6,7 @@ import signal
 import subprocess
 
 import pytest
-from server_support import ServeProcess
+from server_support import ServeProcess, ServerDidNotStart
 
 # a process that reports ready, then ignores SIGINT and SIGTERM: a server that hangs on shutdown
 _HANGS_ON_SHUTDOWN = """
@@ -31,3 +31,16 @@ def test_stop_kills_and_reaps_a_process_that_does_not_exit_in_time():
         if server.process.poll() is None:
             server.process.kill()
             server.process.wait()
+
+
+
+@pytest.mark.parametrize(("printed", "reason"), [
+    ("no model here", "reported no URL"),
+    ("OpenAI-compatible API at http://127.0.0.1:9/v1 (a report); then gone", "exited with status 0"),
+])
+def test_a_process_that_exits_before_serving_did_not_start_with_its_output(printed, reason):
+    server = ServeProcess(["-c", f"print({printed!r})"])
+    with pytest.raises(ServerDidNotStart, match=reason) as raised:
+        server.wait_until_serving(timeout_s=60)
+    assert printed in raised.value.output
+    server.stop()
