@@ -49,6 +49,15 @@ MAX_ALLOWED_TOKEN_IDS = 1 << 20
 MAX_BAD_WORDS, MAX_BAD_WORD_CHARS = 1024, 1000
 """Most words in `bad_words`, and most characters in one (each is tokenized at submission and checked every step)."""
 _STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+
+
+def structured_constraint_given(kind: str, value: object) -> bool:
+    """Whether the structured-outputs constraint `kind` (a StructuredOutputsParams field, e.g. "regex") is given as
+    `value`: not None, and for `json_object` not False (`json_object: false` asks for no JSON object). Any other
+    field's False, or a 0 (which equals False), is a value given, refused naming its field."""
+    return value is not None and not (kind == "json_object" and value is False)
+
+
 _OPTIONAL_IN_FROM_OPTIONAL = ("n", "temperature", "top_p", "presence_penalty", "frequency_penalty",
                               "repetition_penalty")
 """The arguments for which vLLM's `SamplingParams.from_optional` reads None as the default."""
@@ -129,7 +138,8 @@ class StructuredOutputsParams:
     def validate(self) -> None:
         """Raise RequestError naming the first invalid field (run at construction and again when a SamplingParams
         holding it is submitted: a field set afterwards, a second constraint beside the first, is checked too)."""
-        # first: a json_object of another type (0, 1) would be counted as given, or not, by how it compares to False
+        # first: a json_object of another type (0, 1) counts as a constraint given, and beside another one would be
+        # refused as a second constraint rather than for its type
         _check(self.json_object is None or isinstance(self.json_object, bool), "structured_outputs.json_object",
                "must be a boolean")
         given = self._given_kinds()
@@ -151,9 +161,8 @@ class StructuredOutputsParams:
         return self._given_kinds()[0]
 
     def _given_kinds(self) -> list[str]:
-        """The constraints set: not None, and `json_object` not False."""
-        return [kind for kind in _STRUCTURED_KINDS
-                if (value := getattr(self, kind)) is not None and value is not False]
+        """The constraints set (`structured_constraint_given`)."""
+        return [kind for kind in _STRUCTURED_KINDS if structured_constraint_given(kind, getattr(self, kind))]
 
     @classmethod
     def from_response_format(cls, response_format: object) -> StructuredOutputsParams | None:

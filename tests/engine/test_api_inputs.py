@@ -56,10 +56,16 @@ def test_structured_outputs_json_object_of_another_type_is_refused(given, value)
     assert "must be a boolean" in str(error)
 
 
+@pytest.mark.parametrize("value", [0, False])
 @pytest.mark.parametrize("field", ["json", "regex", "choice", "grammar"])
-def test_a_structured_outputs_constraint_given_as_zero_is_refused_naming_it(field):
-    """0 equals False, and read as the constraint left out: "give exactly one of ... (got none)"."""
-    _refused(lambda: StructuredOutputsParams(**{field: 0}), f"structured_outputs.{field}")
+def test_a_structured_outputs_constraint_given_as_zero_or_false_is_refused_naming_it(field, value):
+    """0 equals False, and read as the constraint left out: "give exactly one of ... (got none)"; False too, though
+    only `json_object`'s False means unset."""
+    _refused(lambda: StructuredOutputsParams(**{field: value}), f"structured_outputs.{field}")
+
+
+def test_structured_outputs_json_object_false_is_left_unset():
+    assert StructuredOutputsParams(regex="a+", json_object=False).kind == "regex"
 
 
 @pytest.mark.parametrize(("field", "value", "param"), [
