@@ -31,7 +31,12 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from glimmer.engine.sampling_params import EVERY_TOKEN_LOGPROBS_REFUSAL, MAX_LOGPROBS, SEED_RANGE
+from glimmer.engine.sampling_params import (
+    EVERY_TOKEN_LOGPROBS_REFUSAL,
+    MAX_LOGPROBS,
+    SEED_RANGE,
+    structured_constraint_given,
+)
 from glimmer.engine.vllm_arguments import VLLM_ONLY_STRUCTURED_OUTPUTS_ARGUMENTS
 from glimmer.errors import RequestError
 from glimmer.protocol.duplicate_keys import first_duplicate_key
@@ -155,7 +160,7 @@ class StructuredOutputsFields(RequestBody):
         """The constraints given, by their StructuredOutputsParams names, and vLLM's other fields given."""
         given = self.model_dump(by_alias=True, include=self.model_fields_set)
         return {name: value for name, value in given.items()
-                if name in VLLM_ONLY_STRUCTURED_OUTPUTS_ARGUMENTS or value not in (None, False)}
+                if name in VLLM_ONLY_STRUCTURED_OUTPUTS_ARGUMENTS or structured_constraint_given(name, value)}
 
 
 Metadata = Annotated[dict[str, str], Field(fail_fast=True)]  # OpenAI's: string values; refused at the first bad one
