@@ -5,7 +5,6 @@ In a container the memory is its cgroup's limit: the tests build a fake /proc an
 from __future__ import annotations
 
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -206,16 +205,18 @@ def test_serving_the_30b_geometry_on_a_small_cpu_fails_with_one_line(tmp_path):
     memory = read_host_memory()
     if memory is None or memory.total_bytes > 100 << 30:
         pytest.skip("this machine could hold the 30B geometry's float32 weights")
-    cli = [sys.executable, "-m", "glimmer.cli"]
-    subprocess.run([*cli, "make-tiny", str(tmp_path / "t30"), "--preset", "30b", "--config-only"], check=True,
-                   capture_output=True)
-    with socket.socket() as probe:  # not the default 8000, which the Quick start's `glimmer serve` may hold
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    done = subprocess.run([*cli, "serve", str(tmp_path / "t30"), "--load-format", "dummy", "--device", "cpu",
-                           "--port", str(port)], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 2
+    from server_support import ServeProcess
+
+    subprocess.run([sys.executable, "-m", "glimmer.cli", "make-tiny", str(tmp_path / "t30"), "--preset", "30b",
+                    "--config-only"], check=True, capture_output=True)
+    server = ServeProcess(["-m", "glimmer.cli", "serve", str(tmp_path / "t30"), "--load-format", "dummy", "--device",
+                           "cpu"])  # --port 0: not the default 8000, which the Quick start's `glimmer serve` may hold
+    try:
+        server.process.wait(timeout=300)
+    finally:
+        output = server.stop()
+    assert server.process.returncode == 2, output
     # the log's INFO lines (the tokenizer, read before the weights) and one line of error, no traceback
-    errors = [line for line in done.stderr.strip().splitlines() if not line.startswith("INFO ")]
-    assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr
+    errors = [line for line in output.strip().splitlines() if not line.startswith("INFO ")]
+    assert len(errors) == 1 and "Traceback" not in output, output
     assert "GiB as float32 on the CPU" in errors[0]
