@@ -361,13 +361,13 @@ def test_a_line_separator_in_the_text_does_not_split_a_streamed_event(server, to
         assert "".join(pieces) == text
 
 
-def _split_prompt(server, llm, tok, key: str) -> tuple[list[int], list[int], list[int]]:
-    """A token-id prompt ending in the first two of an emoji's four byte tokens, its scripted output the other two
-    then "!", and the emoji's ids."""
+def _split_prompt(server, llm, tok, key: str) -> tuple[list[int], list[int]]:
+    """A token-id prompt ending in the first two of an emoji's four byte tokens, and its scripted output: the other
+    two then "!"."""
     emoji = tok.encode_text("😀")
     assert len(emoji) == 4, "the tiny vocabulary has a token joining the emoji's bytes; pick a rarer character"
     _script(server, llm, key, emoji[2:] + tok.encode_text("!"))
-    return tok.encode(f"Say {key} ") + emoji[:2], emoji[2:] + tok.encode_text("!"), emoji
+    return tok.encode(f"Say {key} ") + emoji[:2], emoji[2:] + tok.encode_text("!")
 
 
 @pytest.mark.parametrize(("max_tokens", "expected"), [(0, ""), (1, "\ufffd"), (2, "😀"), (3, "😀!")])
@@ -378,7 +378,7 @@ def test_an_output_completing_a_character_its_prompt_began_spells_it_whole(serve
     and from LLM.generate; max_tokens 0 gives "" (as vLLM), and an output that has not completed the character ends
     in U+FFFD, as any output ending partway through one does (P-TOK-3). `text_offset` puts the tokens that complete
     the character at its start."""
-    prompt, output, _ = _split_prompt(server, llm, tok, "[prompt-split]")
+    prompt, output = _split_prompt(server, llm, tok, "[prompt-split]")
     for skip in (False, True):
         body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "logprobs": 0,
                 "skip_special_tokens": skip}
@@ -397,7 +397,7 @@ def test_a_stop_string_matches_a_character_its_prompt_began(server, llm, tok):
     """The character the prompt begins and the output completes is the output text's, so a stop string can match
     it (vLLM checks stop strings against the text its prompt-started detokenizer gives): it never could while that
     text began with U+FFFDs."""
-    prompt, output, _ = _split_prompt(server, llm, tok, "[prompt-split-stop]")
+    prompt, output = _split_prompt(server, llm, tok, "[prompt-split-stop]")
     for include in (False, True):
         body = {"model": "tiny", "prompt": prompt, "max_tokens": 5, "temperature": 0, "stop": ["😀"],
                 "include_stop_str_in_output": include}
