@@ -145,9 +145,10 @@ def _fetch_remote(url: str, kind: str, index: int, policy: MediaFetchPolicy, can
 
 def _file_url_path(url: str, kind: str, index: int) -> str:
     """The local path a file: URL names. A host other than localhost names a file on another machine (RFC 8089
-    §2), which is refused: reading the local file of that path would read another file than the one named."""
+    §2), which is refused: reading the local file of that path would read another file than the one named. A host
+    name is case-insensitive (RFC 3986 §3.2.2): file://LOCALHOST/path is this machine too."""
     parsed = urlparse(url)
-    if parsed.netloc not in ("", "localhost"):
+    if parsed.netloc.lower() not in ("", "localhost"):
         raise _error(kind, index, f"file URL names the host {parsed.netloc[:100]!r}; only files on this machine are "
                                   "read: file:///path or file://localhost/path")
     return unquote(parsed.path)

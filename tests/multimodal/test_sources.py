@@ -160,6 +160,16 @@ def test_a_file_url_naming_another_host_is_refused_naming_it(tmp_path):
     assert load_media_reference(f"file://localhost{image}", "image", 0, policy) == _png()
 
 
+@pytest.mark.parametrize("host", ["LOCALHOST", "LocalHost"])
+def test_a_file_url_naming_localhost_in_any_case_reads_the_local_file(tmp_path, host):
+    """A host name is case-insensitive (RFC 3986 §3.2.2, which RFC 8089 follows): file://LOCALHOST/path was refused
+    as naming another machine."""
+    image = tmp_path / "cat.png"
+    image.write_bytes(_png())
+    policy = MediaFetchPolicy.create([tmp_path])
+    assert load_media_reference(f"file://{host}{image}", "image", 0, policy) == _png()
+
+
 def test_paths_escaping_the_allowed_directory_are_refused(tmp_path):
     secret = tmp_path / "secret.png"
     secret.write_bytes(_png())
