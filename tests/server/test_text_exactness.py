@@ -14,7 +14,7 @@ import httpx
 import pytest
 from server_support import PINNED_DATE, ScriptedRunner, live_server
 
-from glimmer import LLM, SamplingParams
+from glimmer import LLM, BeamSearchParams, SamplingParams
 from glimmer.protocol.tokens import EOT
 
 TRICKY = ["😀", "👩\u200d👩\u200d👧", "東京の天気", "e\u0301", " héllo", "½°C", " b", "🦀x", "<|eo", "ab", "\u2028\x85"]
@@ -409,3 +409,26 @@ def test_a_stop_string_matches_a_character_its_prompt_began(server, llm, tok):
         assert choice["text"] == "".join(chunk["text"] for chunk in chunks) == generated.outputs[0].text == expected
         assert choice["finish_reason"] == generated.outputs[0].finish_reason == "stop"
         assert choice["stop_reason"] == generated.outputs[0].stop_reason == "😀"
+
+
+def test_a_beam_search_choice_decodes_its_beam_alone_as_vllms(server, llm, tok):
+    """`use_beam_search` decodes each beam's generated tokens alone, as vLLM's server does
+    (`tokenizer.decode(beam.tokens[tokenized_length:])`): the bytes completing a character the prompt began read
+    U+FFFD, where a sampled choice starts with the whole character (README); `LLM.beam_search`'s text, the prompt's
+    and the beam's tokens decoded together, has it whole."""
+    emoji, bang = tok.encode_text("😀"), tok.encode_text("!")
+    assert len(emoji) == 4 and len(bang) == 1
+    prompt = tok.encode("Say [beam-split] ") + emoji[:3]
+    beam = emoji[3:] + bang
+    # each step of a beam search is a request whose prompt holds the beam so far, scripted to its next token
+    steps = [tok.decode(prompt), tok.decode(prompt + beam[:1])]
+    assert steps[0] not in steps[1] and steps[1] not in steps[0], steps
+    _script(server, llm, steps[0], beam[:1])
+    _script(server, llm, steps[1], beam[1:])
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 2, "use_beam_search": True, "n": 1}
+    whole, chunks = _completion(server, body)
+    alone = tok.decode(beam)
+    assert alone.startswith("\ufffd") and alone.endswith("!")
+    assert whole["choices"][0]["text"] == "".join(chunk["text"] for chunk in chunks) == alone
+    searched = llm.beam_search([{"prompt_token_ids": prompt}], BeamSearchParams(beam_width=1, max_tokens=2))
+    assert searched[0].sequences[0].text.endswith("😀!")
