@@ -353,9 +353,27 @@ def _heeding_sigterm(command: Callable[[argparse.Namespace, _SigtermWatch], int]
         return command(args, sigterm)
     except _Terminated:
         print(stopped, file=sys.stderr)
-        return stopped_status
+        return _ended_at_once_if_a_download_was_left(stopped_status)
     finally:
         sigterm.stop()
+
+
+def _ended_at_once_if_a_download_was_left(status: int) -> int:
+    """`status`, for a command stopped (SIGTERM, Ctrl-C) as it loaded the model; where a Hub download was left
+    running (glimmer.checkpoint.resolve.abandoned_download), the process ends here with `status`, its output flushed:
+    the interpreter's exit waits for the download's file threads, which kept `glimmer serve` up after SIGTERM until
+    the whole model was in (or the supervisor's SIGKILL). The download is the process's own work, which nothing else
+    waits for; the files fetched so far stay in the Hub cache, where the next run resumes them."""
+    from glimmer.checkpoint.resolve import abandoned_download
+
+    if not abandoned_download():
+        return status
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+    os._exit(status)
 
 
 def _serve(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
@@ -1836,7 +1854,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"glimmer: error: {type(exc).__name__}: {_with_flags_as_typed(str(exc), args)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        return 130
+        return _ended_at_once_if_a_download_was_left(130)
     except BrokenPipeError:  # output piped into `head` and the like
         return 0
 

@@ -8,9 +8,12 @@ import re
 import shutil
 import struct
 import tempfile
-from collections.abc import Iterable, Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 from glimmer.checkpoint.broken_links import broken_link_problem, is_broken_link
 from glimmer.checkpoint.gguf_file import is_gguf_path
@@ -26,6 +29,8 @@ _HUB_DRAFTER_WEIGHTS = ["*.safetensors", "head.pt"]  # the HF export, or the ven
 # a repository's original/tokenizer.model), which the loaders never read (they take the top level alone) and the Hub
 # client's patterns, matched against the whole path, would otherwise fetch; every download leaves them out (`_download`)
 _HUB_BELOW_TOP_LEVEL = ["*/*"]
+_DOWNLOAD_THREAD_NAME = "glimmer-hub-download"
+_T = TypeVar("_T")
 
 
 def resolve_checkpoint(model: str | os.PathLike, *, revision: str | None = None, weights: bool = True,
@@ -113,8 +118,9 @@ def _download(text: str, revision: str | None, patterns: list[str], also_ignored
     except ImportError as exc:  # pragma: no cover - huggingface_hub is a dependency
         raise CheckpointError(f"cannot resolve Hub id {text!r}: huggingface_hub is not installed") from exc
     try:
-        return Path(snapshot_download(text, revision=revision, allow_patterns=patterns,
-                                          ignore_patterns=[*also_ignored, *_HUB_BELOW_TOP_LEVEL]))
+        return Path(_waited_for_in_a_daemon_thread(
+            lambda: snapshot_download(text, revision=revision, allow_patterns=patterns,
+                                      ignore_patterns=[*also_ignored, *_HUB_BELOW_TOP_LEVEL])))
     except LocalEntryNotFoundError as exc:
         raise CheckpointError(
             f"model {text!r} is not a local directory and could not be downloaded from the Hugging Face Hub "
@@ -123,6 +129,30 @@ def _download(text: str, revision: str | None, patterns: list[str], also_ignored
         ) from exc
     except Exception as exc:  # network, auth, missing repo: the hub client raises many types
         raise CheckpointError(f"could not download {text!r} from the Hugging Face Hub: {exc}") from exc
+
+
+def _waited_for_in_a_daemon_thread(call: Callable[[], _T]) -> _T:
+    """`call()` run in a daemon thread that the calling thread waits for: an exception a signal raises as it waits
+    (Ctrl-C's KeyboardInterrupt, `glimmer serve`'s SIGTERM) leaves at once. Run in the calling thread, snapshot_download
+    took it inside its `with ThreadPoolExecutor`, which then waited for the files being fetched (a shard can take
+    minutes), and the interpreter's exit waits for them still: the glimmer command ends the process without it
+    (`abandoned_download`)."""
+    outcome: Future[_T] = Future()
+
+    def run() -> None:
+        try:
+            outcome.set_result(call())
+        except BaseException as exc:  # handed to the caller, as if raised there
+            outcome.set_exception(exc)
+
+    threading.Thread(target=run, name=_DOWNLOAD_THREAD_NAME, daemon=True).start()
+    return outcome.result()
+
+
+def abandoned_download() -> bool:
+    """Whether a Hub download left behind by its caller (`_waited_for_in_a_daemon_thread`) still runs: its file
+    threads, which the interpreter waits for at exit, keep the process up until the whole snapshot is in."""
+    return any(thread.name == _DOWNLOAD_THREAD_NAME and thread.is_alive() for thread in threading.enumerate())
 
 
 def _with_remote_headers(hub_id: str, revision: str | None, snapshot: Path, out: Path) -> Path:

@@ -750,6 +750,60 @@ def test_sigterm_before_the_model_loads_stops_the_server_with_status_0(tmp_path)
     assert not socket_path.exists()
 
 
+_HUB_DOWNLOAD_THAT_NEVER_ENDS = """\
+import sys, threading
+from concurrent.futures import ThreadPoolExecutor
+
+import huggingface_hub
+
+
+def snapshot_download(repo_id, **kwargs):  # as the Hub client fetches files: in a `with ThreadPoolExecutor`
+    started, never = threading.Barrier(3), threading.Event()
+
+    def fetch(name):
+        started.wait()
+        never.wait()
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        fetches = [pool.submit(fetch, f"model-0000{shard}-of-00003.safetensors") for shard in (1, 2, 3)]
+        started.wait()
+        print("download started", flush=True)
+        for fetch in fetches:
+            fetch.result()
+
+
+huggingface_hub.snapshot_download = snapshot_download
+sys.exit(__import__("glimmer.cli").cli.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize(("signal_name", "status", "said"), [
+    ("SIGTERM", 0, "glimmer: stopped by SIGTERM before serving"),
+    ("SIGINT", 130, ""),
+])
+def test_a_signal_while_serve_downloads_the_model_from_the_hub_ends_it_at_once(tmp_path, signal_name, status, said):
+    """The signal's exception left the Hub client's `with ThreadPoolExecutor`, whose file threads (not daemons) were
+    then waited for: the server stayed up until every file of the model was in, or the supervisor's SIGKILL. The fake
+    download never ends, so the server can stop only by leaving it."""
+    socket_path = tmp_path / "s.sock"
+    process = subprocess.Popen([sys.executable, "-c", _HUB_DOWNLOAD_THAT_NEVER_ENDS, "serve", "owner/name", "--uds",
+                                str(socket_path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               stdin=subprocess.DEVNULL)
+    try:
+        for line in process.stdout:
+            if line.startswith("download started"):
+                break
+        process.send_signal(getattr(signal, signal_name))
+        output = process.communicate(timeout=120)[0]
+    except subprocess.TimeoutExpired:
+        process.kill()
+        pytest.fail(f"glimmer serve was still up, waiting for the download, after {signal_name}: "
+                    f"{process.communicate()[0]}")
+    assert process.returncode == status, output
+    assert said in output and "Traceback" not in output
+    assert not socket_path.exists()
+
+
 _SIGNAL_AS_GLIMMER_CLI_BEGINS_TO_IMPORT = """\
 import importlib, runpy, signal, sys
 
