@@ -41,14 +41,15 @@ class ChatClientError(GlimmerError):
 
 
 class ServerRefusedError(ChatClientError):
-    """The server answered an HTTP error status; `message` and `code` are its OpenAI-style error body's (the body's
-    text, or the status's reason, where it has none)."""
+    """The server answered an HTTP error status; `message`, `code` and `param` are its OpenAI-style error body's (the
+    body's text, or the status's reason, where it has none)."""
 
-    def __init__(self, status: int, message: str, code: str | None = None):
+    def __init__(self, status: int, message: str, code: str | None = None, param: str | None = None):
         super().__init__(f"the server answered HTTP {status}: {message}")
         self.status = status
         self.message = message
         self.code = code
+        self.param = param
 
     @property
     def context_exceeded(self) -> bool:
@@ -301,7 +302,7 @@ def _refusal(error: urllib.error.HTTPError) -> ServerRefusedError:
     body = error.read()
     try:
         detail = json.loads(body)["error"]
-        return ServerRefusedError(error.code, str(detail["message"]), detail.get("code"))
+        return ServerRefusedError(error.code, str(detail["message"]), detail.get("code"), detail.get("param"))
     except (ValueError, KeyError, TypeError, AttributeError):
         text = " ".join(body.decode("utf-8", errors="replace").split())
         return ServerRefusedError(error.code, text[:300] or str(error.reason))
@@ -354,7 +355,10 @@ def run_chat(url: str, *, model: str | None, api_key: str | None, out: TextIO, r
             refused_in_process = in_process and isinstance(error, ServerRefusedError)
             out.write(f"error: {terminal_text(error.message if refused_in_process else str(error))}\n")
             earlier_turns = any(message["role"] != "system" for message in history[:turn_start])
-            if isinstance(error, ServerRefusedError) and error.context_exceeded and earlier_turns:
+            if (isinstance(error, ServerRefusedError) and error.context_exceeded and system
+                    and error.param == "messages[0]"):  # the part the refusal would have shortened: the user's flag
+                out.write("messages[0] is the --system prompt, sent with every message: give a shorter --system.\n")
+            elif isinstance(error, ServerRefusedError) and error.context_exceeded and earlier_turns:
                 # a refusal that names max_tokens is also met by asking for fewer tokens
                 fewer = " (or a smaller --max-tokens leaves room)" if "max_tokens" in error.message else ""
                 out.write(f"The conversation no longer fits the model's context: /reset starts a new one{fewer}.\n")

@@ -401,12 +401,12 @@ def test_the_server_root_drops_trailing_slashes_and_a_final_v1(url, root):
 CHAT_OPTIONS = {"chat_template_kwargs": {"current_date": "2026-01-01"}}
 
 
-def chat(url, lines, *, request_options=None, max_model_len=None):
+def chat(url, lines, *, request_options=None, max_model_len=None, system=None):
     """The output of a chat at `url` (model tiny) typing `lines`."""
     lines = iter(lines)
     out = io.StringIO()
     run_chat(url, model="tiny", api_key=None, out=out, read_line=lambda prompt: next(lines), color=False,
-             request_options={**CHAT_OPTIONS, **(request_options or {})}, max_model_len=max_model_len)
+             request_options={**CHAT_OPTIONS, **(request_options or {})}, max_model_len=max_model_len, system=system)
     return out.getvalue().split("\n", 1)[1]  # after the greeting line
 
 
@@ -480,6 +480,16 @@ def test_a_first_message_past_the_context_gets_no_reset_hint(small_context_serve
     text = chat(small_context_server.url, ["[hi] " + "word " * 80, "/exit"])
     assert text.startswith("error: the server answered HTTP 400: This model's maximum context length is ")
     assert text.count("\n") == 1
+
+
+def test_a_message_refused_for_a_system_prompt_past_the_context_names_the_system_flag(small_context_server):
+    """With --url the --system prompt is not checked against the context at start-up: every message was refused with
+    "shorten or remove messages[0]", an index of a list the chat's user never sees."""
+    text = chat(small_context_server.url, ["[hi]", "/exit"], system="word " * 200)
+    lines = text.splitlines()
+    assert lines[0].startswith("error: the server answered HTTP 400: This model's maximum context length is 256 ")
+    assert lines[0].endswith("shorten or remove messages[0]")
+    assert lines[1:] == ["messages[0] is the --system prompt, sent with every message: give a shorter --system."]
 
 
 @pytest.mark.parametrize(("usage", "max_tokens", "max_model_len", "notice"), [
