@@ -922,6 +922,9 @@ def _chat(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
     if args.url:
         from glimmer.server.chat_client import ChatClientError, check_server_url
 
+        if args.api_key is not None:  # `"$KEY"`, KEY unset: no $GLIMMER_API_KEY then (as openai)
+            _refuse_empty_path(args.api_key, "--api-key", "give the server's key, or leave --api-key out to send "
+                                                          "$GLIMMER_API_KEY (no key where it is unset)")
         # the server's own limits hold for what it is sent
         ignored = _engine_options_given(args) + ["--limit-mm-per-prompt"] * (args.limit_mm_per_prompt is not None)
         if ignored:
@@ -948,7 +951,7 @@ def _chat(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
         from glimmer.server.chat_client import check_server
 
         # the --served-model is checked now, not when the first message is refused
-        api_key = args.api_key or os.environ.get("GLIMMER_API_KEY")
+        api_key = args.api_key if args.api_key is not None else os.environ.get("GLIMMER_API_KEY")
         max_model_len = check_server(args.url, api_key, args.served_model)
         max_tokens = options.get("max_tokens")
         if max_model_len is not None and max_tokens is not None and max_tokens >= max_model_len:
@@ -1754,7 +1757,8 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--url", default=None, help="a running server, e.g. http://127.0.0.1:8000 (a trailing /v1 is "
                       "fine; default: in-process)")
     chat.add_argument("--api-key", default=None,
-                      help="the key of a --url server that requires one (default: $GLIMMER_API_KEY)")
+                      help="the key of a --url server that requires one (default: $GLIMMER_API_KEY; an empty one "
+                           "is refused)")
     chat.add_argument("--served-model", default=None, help="the `model` to ask a --url server for")
     chat.add_argument("--system", default=None, help="a system prompt")
     chat.add_argument("--tools", default=None, help="a JSON file holding a list of OpenAI tool declarations; you "

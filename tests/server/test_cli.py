@@ -1318,6 +1318,15 @@ def test_an_empty_url_is_refused_not_taken_for_an_in_process_chat(capsys, tmp_pa
     assert "missing" not in err  # no model was looked for
 
 
+@pytest.mark.parametrize("key", ["", "  "])
+def test_an_empty_api_key_is_refused_not_replaced_by_the_environments(capsys, monkeypatch, key):
+    """`--api-key "$KEY"` with KEY unset sent $GLIMMER_API_KEY instead, a key the user did not name; the openai client
+    takes an environment's key only where none is passed (None), and refuses an empty one."""
+    monkeypatch.setenv("GLIMMER_API_KEY", "from-the-environment")
+    _fails_with_one_line(capsys, ["chat", "--url", "http://127.0.0.1:9", "--api-key", key], "--api-key is empty",
+                         "leave --api-key out to send $GLIMMER_API_KEY")
+
+
 @pytest.mark.parametrize(("option", "value"), [("--max-tokens", "-5"), ("--max-tokens", "0"),
                                                ("--max-tokens", str(2**31)), ("--temperature", "-1"),
                                                ("--temperature", "nan"), ("--temperature", "inf"),
