@@ -1067,7 +1067,9 @@ def _read_tools(path: str) -> list[dict[str, Any]]:
     # `--tools "$TOOLS"` with TOOLS unset: not a chat without tools
     _refuse_empty_path(path, "--tools", "give the JSON file of tool declarations, or leave --tools out")
     try:
-        tools = json.loads(Path(path).read_text())
+        # bytes, as run-batch reads its file: json.loads takes them with a UTF-8 BOM (a Windows editor's), where the
+        # text read refused it ("Unexpected UTF-8 BOM")
+        tools = json.loads(Path(path).read_bytes())
     except OSError as error:
         raise UsageError(f"--tools {path}: {error.strerror or error}") from None
     except ValueError as error:

@@ -1045,6 +1045,17 @@ def test_a_missing_or_invalid_tools_file_is_one_line(capsys, tmp_path):
     _fails_with_one_line(capsys, ["chat", "--tools", str(tmp_path / "nameless.json")], "name")
 
 
+def test_a_tools_file_starting_with_a_utf8_bom_is_read_as_run_batch_reads_its_file(tmp_path):
+    """It was refused ("not valid JSON (Unexpected UTF-8 BOM ...)"), where run-batch takes a file a Windows editor
+    saved with a BOM."""
+    from glimmer.cli import _read_tools
+
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    path = tmp_path / "tools.json"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(tools).encode())
+    assert _read_tools(str(path)) == tools
+
+
 def test_an_empty_tools_path_is_refused_not_taken_for_a_chat_without_tools(capsys, tmp_path):
     """`--tools "$TOOLS"` with TOOLS unset read as no --tools: the chat ran, the model told of no tools."""
     err = _fails_with_one_line(capsys, ["chat", str(tmp_path / "missing"), "--tools", ""], "--tools is empty",
