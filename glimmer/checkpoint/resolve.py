@@ -117,10 +117,13 @@ def _download(text: str, revision: str | None, patterns: list[str], also_ignored
         from huggingface_hub.errors import LocalEntryNotFoundError
     except ImportError as exc:  # pragma: no cover - huggingface_hub is a dependency
         raise CheckpointError(f"cannot resolve Hub id {text!r}: huggingface_hub is not installed") from exc
+    abandoned = threading.Event()
     try:
         return Path(_waited_for_in_a_daemon_thread(
             lambda: snapshot_download(text, revision=revision, allow_patterns=patterns,
-                                      ignore_patterns=[*also_ignored, *_HUB_BELOW_TOP_LEVEL])))
+                                      ignore_patterns=[*also_ignored, *_HUB_BELOW_TOP_LEVEL],
+                                      tqdm_class=_bar_stopping_once(abandoned)),
+            abandoned))
     except LocalEntryNotFoundError as exc:
         raise CheckpointError(
             f"model {text!r} is not a local directory and could not be downloaded from the Hugging Face Hub "
@@ -131,11 +134,32 @@ def _download(text: str, revision: str | None, patterns: list[str], also_ignored
         raise CheckpointError(f"could not download {text!r} from the Hugging Face Hub: {exc}") from exc
 
 
-def _waited_for_in_a_daemon_thread(call: Callable[[], _T]) -> _T:
+class DownloadAbandoned(Exception):
+    """Raised in a Hub download whose caller has stopped waiting for it (`_bar_stopping_once`)."""
+
+
+def _bar_stopping_once(abandoned: threading.Event) -> type:
+    """A progress-bar class for snapshot_download whose `update` raises DownloadAbandoned once `abandoned` is set. The
+    Hub client updates its bar of files as each file ends, and on an exception there cancels the files not yet
+    started: a download its caller left (Ctrl-C in a script loading `LLM("owner/name")`) stops after the files in
+    progress, as it did when the caller's own thread ran it, instead of fetching the whole snapshot behind its back."""
+    from huggingface_hub.utils import tqdm as hub_tqdm
+
+    class StoppingBar(hub_tqdm):
+        def update(self, n: float | None = 1) -> bool | None:
+            if abandoned.is_set():
+                raise DownloadAbandoned("the download's caller stopped waiting for it")
+            return super().update(n)
+
+    return StoppingBar
+
+
+def _waited_for_in_a_daemon_thread(call: Callable[[], _T], abandoned: threading.Event) -> _T:
     """`call()` run in a daemon thread that the calling thread waits for: an exception a signal raises as it waits
-    (Ctrl-C's KeyboardInterrupt, `glimmer serve`'s SIGTERM) leaves at once. Run in the calling thread, snapshot_download
-    took it inside its `with ThreadPoolExecutor`, which then waited for the files being fetched (a shard can take
-    minutes), and the interpreter's exit waits for them still: the glimmer command ends the process without it
+    (Ctrl-C's KeyboardInterrupt, `glimmer serve`'s SIGTERM) leaves at once, setting `abandoned`, which stops the
+    download as its files in progress end (`_bar_stopping_once`). Run in the calling thread, snapshot_download took it
+    inside its `with ThreadPoolExecutor`, which then waited for the files being fetched (a shard can take minutes),
+    and the interpreter's exit waits for them still: the glimmer command ends the process without it
     (`abandoned_download`)."""
     outcome: Future[_T] = Future()
 
@@ -146,7 +170,11 @@ def _waited_for_in_a_daemon_thread(call: Callable[[], _T]) -> _T:
             outcome.set_exception(exc)
 
     threading.Thread(target=run, name=_DOWNLOAD_THREAD_NAME, daemon=True).start()
-    return outcome.result()
+    try:
+        return outcome.result()
+    except BaseException:
+        abandoned.set()  # the caller leaves (a signal's exception) or the download failed: either way it is over
+        raise
 
 
 def abandoned_download() -> bool:

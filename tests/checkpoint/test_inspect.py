@@ -342,7 +342,7 @@ def test_inspect_of_a_hub_id_reads_the_weights_headers_not_the_weights(monkeypat
     snapshot = tmp_path / "hub" / "snapshots" / commit
     fetched: list[str] = []
 
-    def snapshot_download(repo_id, revision=None, allow_patterns=None, ignore_patterns=None):
+    def snapshot_download(repo_id, revision=None, allow_patterns=None, ignore_patterns=None, tqdm_class=None):
         snapshot.mkdir(parents=True, exist_ok=True)
         for file in repo.iterdir():
             if any(fnmatch.fnmatch(file.name, pattern) for pattern in allow_patterns):
@@ -381,7 +381,7 @@ def test_inspect_of_a_hub_id_reads_the_weights_headers_not_the_weights(monkeypat
 def test_inspect_of_a_hub_id_whose_headers_cannot_be_read_says_so(monkeypatch, tmp_path, capsys, tiny_checkpoint):
     import huggingface_hub
 
-    def snapshot_download(repo_id, revision=None, allow_patterns=None, ignore_patterns=None):
+    def snapshot_download(repo_id, revision=None, allow_patterns=None, ignore_patterns=None, tqdm_class=None):
         snapshot = tmp_path / "snapshot"
         shutil.copytree(tiny_checkpoint, snapshot, ignore=shutil.ignore_patterns("*.safetensors*"))
         return str(snapshot)

@@ -82,7 +82,7 @@ def _serve_as_hub(monkeypatch, repo: Path, tmp_path: Path) -> list[dict]:
 
     calls: list[dict] = []
 
-    def snapshot_download(repo_id, *, revision=None, allow_patterns=None, ignore_patterns=None):
+    def snapshot_download(repo_id, *, revision=None, allow_patterns=None, ignore_patterns=None, tqdm_class=None):
         calls.append({"allow_patterns": allow_patterns, "ignore_patterns": ignore_patterns})
         snapshot = tmp_path / "hub" / repo_id / "snapshot"
         names = [p.relative_to(repo).as_posix() for p in repo.rglob("*") if p.is_file()]
@@ -170,3 +170,52 @@ def test_a_hub_repository_with_safetensors_downloads_no_pickle_weights(monkeypat
     snapshot = resolve_checkpoint("owner/both", allow_pickle=True)
     assert (snapshot / "model.safetensors").is_file() and not (snapshot / "pytorch_model.bin").exists()
     assert len(calls) == 1
+
+
+def test_a_download_its_caller_stopped_waiting_for_fetches_no_more_files(monkeypatch):
+    """The Hub download runs in a thread its caller waits for, so that a signal's exception (Ctrl-C in a script
+    loading `LLM("owner/name")`) leaves at once; the download then went on fetching every file of the snapshot behind
+    its back, where run in the caller's thread the Hub client cancelled the files not yet started. Its bar of files
+    now stops it as the files in progress end. (The caller's wait is interrupted as a signal's exception would: its
+    `Future.result` raises KeyboardInterrupt once the first file is being fetched.)"""
+    import threading
+    from concurrent.futures import Future
+
+    import huggingface_hub
+
+    from glimmer.checkpoint import resolve
+
+    fetching, caller_left = threading.Event(), threading.Event()
+    fetched: list[int] = []
+    outcome: list[BaseException] = []
+
+    class InterruptedWait(Future):
+        def result(self, timeout=None):
+            assert fetching.wait(60)
+            raise KeyboardInterrupt
+
+    def snapshot_download(repo_id, *, revision=None, allow_patterns=None, ignore_patterns=None, tqdm_class=None):
+        with tqdm_class(total=5, disable=True) as bar:  # as the Hub client counts files: one update as each ends
+            try:
+                for number in range(5):
+                    fetched.append(number)
+                    fetching.set()
+                    assert caller_left.wait(60)
+                    bar.update(1)
+            except BaseException as error:
+                outcome.append(error)
+                raise
+        return "/nonexistent"
+
+    monkeypatch.setattr(resolve, "Future", InterruptedWait)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            resolve_checkpoint("owner/name")
+    finally:
+        caller_left.set()
+    for thread in threading.enumerate():
+        if thread.name == "glimmer-hub-download":
+            thread.join(60)
+    assert fetched == [0], fetched
+    assert [type(error).__name__ for error in outcome] == ["DownloadAbandoned"]

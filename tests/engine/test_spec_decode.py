@@ -852,7 +852,7 @@ def test_a_hub_id_names_the_drafter_as_it_names_the_target(target, drafter, plai
 
     fetched, ignored = [], []
 
-    def snapshot_download(repo_id, revision=None, allow_patterns=None, ignore_patterns=None):
+    def snapshot_download(repo_id, revision=None, allow_patterns=None, ignore_patterns=None, tqdm_class=None):
         fetched.append((repo_id, allow_patterns))
         ignored.append(ignore_patterns)
         return str(drafter)
@@ -875,7 +875,7 @@ def test_a_hub_id_drafter_that_cannot_be_fetched_is_refused_naming_speculative_c
     import huggingface_hub
     from huggingface_hub.errors import LocalEntryNotFoundError
 
-    def offline(repo_id, revision=None, allow_patterns=None, ignore_patterns=None):
+    def offline(repo_id, revision=None, allow_patterns=None, ignore_patterns=None, tqdm_class=None):
         raise LocalEntryNotFoundError("offline")
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
