@@ -17,7 +17,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 from glimmer.errors import GlimmerError
 
@@ -178,9 +178,6 @@ def stream_chat_completion(url: str, payload: dict[str, Any], api_key: str | Non
                                   "larger than its limit: `glimmer serve --max-request-bytes`, 4 MiB by default)"
                                   ) from None
         raise ChatClientError(f"cannot reach {url}: {error.reason}") from None
-    if response.headers.get_content_type() == "application/json":
-        with response:
-            _refuse_whole_reply(url, response.read())
     done = False
 
     def lines() -> Iterator[str]:
@@ -192,6 +189,8 @@ def stream_chat_completion(url: str, payload: dict[str, Any], api_key: str | Non
 
     with response:
         try:
+            if response.headers.get_content_type() == "application/json":
+                _refuse_whole_reply(url, response.read())
             yield from parse_sse_lines(lines())
         except (OSError, http.client.HTTPException) as error:
             raise ChatClientError(f"the connection to {url} broke mid-reply ({error})") from None
@@ -201,7 +200,7 @@ def stream_chat_completion(url: str, payload: dict[str, Any], api_key: str | Non
         raise ChatClientError(f"the reply from {url} ended before it finished (no [DONE])")
 
 
-def _refuse_whole_reply(url: str, body: bytes) -> None:
+def _refuse_whole_reply(url: str, body: bytes) -> NoReturn:
     """Raises ChatClientError for a 200 answer that is one JSON body, not an event stream: a server (or a proxy) that
     ignores `stream: true`. Its `{"error": ...}` is that error; any other body, say so, not that a stream broke."""
     try:

@@ -92,10 +92,11 @@ def test_a_server_that_repeats_the_call_id_in_every_delta_gives_one_call():
 
 
 @contextlib.contextmanager
-def canned_server(replies: list[tuple[int, bytes] | tuple[int, bytes, str]]) -> Iterator[tuple[str, list[dict]]]:
+def canned_server(replies: list[tuple[int, bytes] | tuple[int, bytes, dict[str, str]]]
+                  ) -> Iterator[tuple[str, list[dict]]]:
     """A server answering each request with the next (status, body) of `replies` (a 200 to a POST as an event
-    stream), or (status, body, content type); yields its address and the list the POSTs' JSON bodies are appended
-    to."""
+    stream), or (status, body, headers), whose headers replace those it would send (a Content-Length longer than the
+    body: the connection closes mid-body); yields its address and the list the POSTs' JSON bodies are appended to."""
     bodies, seen = iter(replies), []
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -105,13 +106,13 @@ def canned_server(replies: list[tuple[int, bytes] | tuple[int, bytes, str]]) -> 
         def do_POST(self):  # noqa: N802 (http.server's name)
             if self.command == "POST":
                 seen.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            status, body, *content_type = next(bodies)
+            status, body, *given = next(bodies)
             self.send_response(status)
-            if content_type:
-                self.send_header("Content-Type", content_type[0])
-            elif status == 200 and self.command == "POST":
-                self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Content-Length", str(len(body)))
+            headers = {"Content-Length": str(len(body))}
+            if status == 200 and self.command == "POST":
+                headers["Content-Type"] = "text/event-stream"
+            for name, value in (headers | (given[0] if given else {})).items():
+                self.send_header(name, value)
             self.end_headers()
             self.wfile.write(body)
 
@@ -161,9 +162,9 @@ def test_a_server_that_answers_one_json_body_is_named_as_not_streaming():
     before it finished (no [DONE])', as if a stream had been cut; a 200 {"error": ...} body showed no message."""
     completion = {"object": "chat.completion", "choices": [{"index": 0, "finish_reason": "stop",
                                                             "message": {"role": "assistant", "content": "hi"}}]}
-    replies = [(200, json.dumps(completion).encode(), "application/json"),
+    replies = [(200, json.dumps(completion).encode(), {"Content-Type": "application/json"}),
                (200, b'{"error": {"message": "the engine is asleep", "type": "server_error"}}',
-                "application/json; charset=utf-8")]
+                {"Content-Type": "application/json; charset=utf-8"})]
     with canned_server(replies) as (url, _):
         lines = iter(["one", "two", "/exit"])
         out = io.StringIO()
@@ -173,6 +174,23 @@ def test_a_server_that_answers_one_json_body_is_named_as_not_streaming():
             "`stream: true`" in text)
     assert "error: the engine is asleep\n" in text
     assert "no [DONE]" not in text
+
+
+def test_a_json_body_cut_short_is_a_broken_connection_and_the_chat_goes_on():
+    """A server answering one JSON body and closing the connection partway through it: reading that body raised
+    IncompleteRead out of the chat, a traceback that ended it."""
+    replies = [(200, b'{"object": "chat.completion", "choi', {"Content-Type": "application/json",
+                                                              "Content-Length": "1000"}),
+               (200, b'data: {"choices": [{"index": 0, "delta": {"content": "fine"}, "finish_reason": "stop"}]}\n\n'
+                     b"data: [DONE]\n\n")]
+    with canned_server(replies) as (url, seen):
+        lines = iter(["one", "two", "/exit"])
+        out = io.StringIO()
+        run_chat(url, model=None, api_key=None, out=out, read_line=lambda prompt: next(lines), color=False)
+    text = out.getvalue()
+    assert f"error: the connection to {url} broke mid-reply (IncompleteRead(" in text
+    assert "fine" in text
+    assert [m["content"] for m in seen[1]["messages"]] == ["two"]
 
 
 def test_a_reply_that_ends_without_an_answer_or_a_call_says_so():
