@@ -158,8 +158,8 @@ def stream_chat_completion(url: str, payload: dict[str, Any], api_key: str | Non
                            timeout_s: float = 600.0) -> Iterator[dict[str, Any]]:
     """POST a streaming chat request to `url` (the server's address, with or without `/v1`) and yield its
     chunks. Raises ServerRefusedError for an HTTP error status, and ChatClientError for a server that cannot be
-    reached, for an answer that is one JSON body instead of a stream, and for a stream that breaks: a connection
-    lost, an event that is not JSON, or an end before `data: [DONE]`."""
+    reached, for an answer that is not an event stream (one JSON body, a web page), and for a stream that breaks: a
+    connection lost, an event that is not JSON, or an end before `data: [DONE]`."""
     body = json.dumps({**payload, "stream": True}).encode()
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
     if api_key:
@@ -189,8 +189,9 @@ def stream_chat_completion(url: str, payload: dict[str, Any], api_key: str | Non
 
     with response:
         try:
-            if response.headers.get_content_type() == "application/json":
-                _refuse_whole_reply(url, response.read())
+            # (a stream without a Content-Type, which a server of a few lines may send, is read as one)
+            if "Content-Type" in response.headers and response.headers.get_content_type() != "text/event-stream":
+                _refuse_whole_reply(url, response)
             yield from parse_sse_lines(lines())
         except (OSError, http.client.HTTPException) as error:
             raise ChatClientError(f"the connection to {url} broke mid-reply ({error})") from None
@@ -200,18 +201,24 @@ def stream_chat_completion(url: str, payload: dict[str, Any], api_key: str | Non
         raise ChatClientError(f"the reply from {url} ended before it finished (no [DONE])")
 
 
-def _refuse_whole_reply(url: str, body: bytes) -> NoReturn:
-    """Raises ChatClientError for a 200 answer that is one JSON body, not an event stream: a server (or a proxy) that
-    ignores `stream: true`. Its `{"error": ...}` is that error; any other body, say so, not that a stream broke."""
-    try:
-        answer = json.loads(body)
-    except ValueError:
-        answer = None
-    if isinstance(answer, dict) and "error" in answer:
-        raise ChatClientError(_error_event_message(answer["error"]))
-    raise ChatClientError(f"{url} answered one JSON body (Content-Type: application/json), not an event stream: it "
-                          "ignores `stream: true`, and glimmer chat streams each reply; give the address of a server "
-                          "that streams chat completions, such as `glimmer serve`")
+def _refuse_whole_reply(url: str, response: http.client.HTTPResponse) -> NoReturn:
+    """Raises ChatClientError for a 200 answer that is not an event stream, saying so, not that a stream broke. One
+    JSON body is a server (or a proxy) that ignores `stream: true`, and its `{"error": ...}` is that error; another
+    body (a proxy's sign-in page) is named by its Content-Type, unread. Reading the JSON body may raise OSError or
+    http.client.HTTPException."""
+    if response.headers.get_content_type() == "application/json":
+        try:
+            answer = json.loads(response.read())
+        except ValueError:
+            answer = None
+        if isinstance(answer, dict) and "error" in answer:
+            raise ChatClientError(_error_event_message(answer["error"]))
+        raise ChatClientError(f"{url} answered one JSON body (Content-Type: application/json), not an event stream: "
+                              "it ignores `stream: true`, and glimmer chat streams each reply; give the address of a "
+                              "server that streams chat completions, such as `glimmer serve`")
+    raise ChatClientError(f"{url} answered a body of Content-Type {response.headers['Content-Type']}, not an event "
+                          "stream (Content-Type: text/event-stream), as glimmer chat needs; give the address of a "
+                          "server that streams chat completions, such as `glimmer serve`")
 
 
 def check_server_url(url: str) -> None:

@@ -96,7 +96,8 @@ def canned_server(replies: list[tuple[int, bytes] | tuple[int, bytes, dict[str, 
                   ) -> Iterator[tuple[str, list[dict]]]:
     """A server answering each request with the next (status, body) of `replies` (a 200 to a POST as an event
     stream), or (status, body, headers), whose headers replace those it would send (a Content-Length longer than the
-    body: the connection closes mid-body); yields its address and the list the POSTs' JSON bodies are appended to."""
+    body: the connection closes mid-body; None: that header left out); yields its address and the list the POSTs'
+    JSON bodies are appended to."""
     bodies, seen = iter(replies), []
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -112,7 +113,8 @@ def canned_server(replies: list[tuple[int, bytes] | tuple[int, bytes, dict[str, 
             if status == 200 and self.command == "POST":
                 headers["Content-Type"] = "text/event-stream"
             for name, value in (headers | (given[0] if given else {})).items():
-                self.send_header(name, value)
+                if value is not None:
+                    self.send_header(name, value)
             self.end_headers()
             self.wfile.write(body)
 
@@ -125,6 +127,14 @@ def canned_server(replies: list[tuple[int, bytes] | tuple[int, bytes, dict[str, 
         yield f"http://127.0.0.1:{server.server_address[1]}", seen
     finally:
         server.shutdown()
+
+
+def chat_text(url: str, messages: list[str]) -> str:
+    """What `run_chat` against `url` prints as the user sends `messages` and then /exit."""
+    lines = iter([*messages, "/exit"])
+    out = io.StringIO()
+    run_chat(url, model=None, api_key=None, out=out, read_line=lambda prompt: next(lines), color=False)
+    return out.getvalue()
 
 
 def test_https_to_a_plain_http_server_names_the_http_address():
@@ -147,10 +157,7 @@ def test_a_broken_stream_is_a_chat_error_and_the_turn_is_dropped():
               b"data: [DONE]\n\n"),
     ]
     with canned_server(replies) as (url, seen):
-        lines = iter(["one", "two", "three", "/exit"])
-        out = io.StringIO()
-        run_chat(url, model=None, api_key=None, out=out, read_line=lambda prompt: next(lines), color=False)
-    text = out.getvalue()
+        text = chat_text(url, ["one", "two", "three"])
     assert "error: the server sent an event that is not JSON" in text
     assert "ended before it finished (no [DONE])" in text and "Traceback" not in text
     # the third request carries only its own message: the broken turns were dropped
@@ -166,14 +173,25 @@ def test_a_server_that_answers_one_json_body_is_named_as_not_streaming():
                (200, b'{"error": {"message": "the engine is asleep", "type": "server_error"}}',
                 {"Content-Type": "application/json; charset=utf-8"})]
     with canned_server(replies) as (url, _):
-        lines = iter(["one", "two", "/exit"])
-        out = io.StringIO()
-        run_chat(url, model=None, api_key=None, out=out, read_line=lambda prompt: next(lines), color=False)
-    text = out.getvalue()
+        text = chat_text(url, ["one", "two"])
     assert (f"error: {url} answered one JSON body (Content-Type: application/json), not an event stream: it ignores "
             "`stream: true`" in text)
     assert "error: the engine is asleep\n" in text
     assert "no [DONE]" not in text
+
+
+def test_a_reply_that_is_no_event_stream_nor_json_is_named_by_its_content_type():
+    """A 200 that is a proxy's web page was read as a stream without events: the chat said the reply 'ended before it
+    finished (no [DONE])'. A stream whose server names no Content-Type is still read as one."""
+    replies = [(200, b"<html><body>Sign in to continue</body></html>", {"Content-Type": "text/html; charset=utf-8"}),
+               (200, b'data: {"choices": [{"index": 0, "delta": {"content": "hi"}}]}\n\ndata: [DONE]\n\n',
+                {"Content-Type": None})]
+    with canned_server(replies) as (url, _):
+        text = chat_text(url, ["one", "two"])
+    assert (f"error: {url} answered a body of Content-Type text/html; charset=utf-8, not an event stream "
+            "(Content-Type: text/event-stream)" in text)
+    assert "no [DONE]" not in text and "Sign in" not in text
+    assert text.endswith("\nhi\n")
 
 
 def test_a_json_body_cut_short_is_a_broken_connection_and_the_chat_goes_on():
@@ -184,10 +202,7 @@ def test_a_json_body_cut_short_is_a_broken_connection_and_the_chat_goes_on():
                (200, b'data: {"choices": [{"index": 0, "delta": {"content": "fine"}, "finish_reason": "stop"}]}\n\n'
                      b"data: [DONE]\n\n")]
     with canned_server(replies) as (url, seen):
-        lines = iter(["one", "two", "/exit"])
-        out = io.StringIO()
-        run_chat(url, model=None, api_key=None, out=out, read_line=lambda prompt: next(lines), color=False)
-    text = out.getvalue()
+        text = chat_text(url, ["one", "two"])
     assert f"error: the connection to {url} broke mid-reply (IncompleteRead(" in text
     assert "fine" in text
     assert [m["content"] for m in seen[1]["messages"]] == ["two"]
@@ -203,10 +218,8 @@ def test_a_reply_that_ends_without_an_answer_or_a_call_says_so():
               b"data: [DONE]\n\n"),
     ]
     with canned_server(replies) as (url, _):
-        lines = iter(["one", "two", "/exit"])
-        out = io.StringIO()
-        run_chat(url, model=None, api_key=None, out=out, read_line=lambda prompt: next(lines), color=False)
-    assert out.getvalue().split("\n")[1:4] == ["Hmm.", "[no answer: the model ended its turn without one]", "fine"]
+        text = chat_text(url, ["one", "two"])
+    assert text.split("\n")[1:4] == ["Hmm.", "[no answer: the model ended its turn without one]", "fine"]
 
 
 def test_an_error_event_raises():
