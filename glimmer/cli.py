@@ -347,9 +347,9 @@ def _heeding_sigterm(command: Callable[[argparse.Namespace, _SigtermWatch], int]
     signal without a handler is ignored, `docker stop` went unheard and the process went on to load the model and
     work until killed. The command may stop the watch early (serve does, for uvicorn); a _Terminated it lets out
     prints `stopped` and returns `stopped_status`, as does a SIGTERM the entry point noted before (glimmer.sigterm)."""
-    sigterm = _SigtermWatch()
+    sigterm = _SigtermWatch()  # noted from here, raised only once armed, inside the try that says so
     try:
-        sigterm.check()
+        sigterm.arm()
         return command(args, sigterm)
     except _Terminated:
         print(stopped, file=sys.stderr)
@@ -621,10 +621,11 @@ class _BatchOutput:
         self.started = False
 
     def start(self) -> None:
-        self.started = True
         # a device or a pipe (/dev/null, a FIFO) has nothing to empty, and refuses truncate()
         if self.output is not sys.stdout and stat.S_ISREG(os.fstat(self.output.fileno()).st_mode):
             self._written(lambda: self.output.truncate(0))
+        # only once emptied: a SIGTERM before then says the output is as it was, not that it holds this run's records
+        self.started = True
 
     def write(self, text: str) -> None:
         self._written(lambda: self.output.write(text))
@@ -680,26 +681,34 @@ class _Terminated(BaseException):
 
 
 class _SigtermWatch:
-    """SIGTERM raises _Terminated from this watch's creation until `stop()`. uvicorn shuts down gracefully on SIGTERM
-    and then raises the signal again to the handler it found: the default one would kill the process (status 143)
-    before the engine is shut down, where SIGTERM should end `glimmer serve` as cleanly as Ctrl-C does (status 0).
+    """SIGTERM is noted from this watch's creation and raises _Terminated from `arm()` until `stop()`. uvicorn shuts
+    down gracefully on SIGTERM and then raises the signal again to the handler it found: the default one would kill
+    the process (status 143) before the engine is shut down, where SIGTERM should end `glimmer serve` as cleanly as
+    Ctrl-C does (status 0). Until armed a SIGTERM is only noted: raised while the watch was being set up, before the
+    `try` that reports it, it came out of `glimmer.cli.main` as a traceback (status 1).
 
     `check()` raises _Terminated if SIGTERM came at all: a signal handled while the main thread runs a weakref
     callback or finalizer (an import lock's, as the loading code imports) raises where Python drops the exception as
     unraisable, printing its traceback, and the server went on to serve."""
 
     def __init__(self) -> None:
-        self._stopped = False
+        self.arrived = self._armed = self._stopped = False
+        self._previous_hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
         self._previous = signal.signal(signal.SIGTERM, self._terminated)
         # a SIGTERM noted as the command started (glimmer.sigterm) came as much as one now, and the record's job is done
-        self.arrived = isinstance(self._previous, SigtermRecord) and self._previous.arrived
         if isinstance(self._previous, SigtermRecord):
+            self.arrived = self.arrived or self._previous.arrived
             self._previous = signal.SIG_DFL
-        self._previous_hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
+
+    def arm(self) -> None:
+        """From now on a SIGTERM raises _Terminated where it lands; one noted before raises it now."""
+        self._armed = True
+        self.check()
 
     def _terminated(self, signum: int, frame: Any) -> None:
         self.arrived = True
-        raise _Terminated()
+        if self._armed:
+            raise _Terminated()
 
     def _unraisable(self, report: Any) -> None:
         if not isinstance(report.exc_value, _Terminated):  # a dropped _Terminated is raised again by `check`

@@ -932,6 +932,44 @@ def test_sigterm_handled_in_a_weakref_callback_while_the_model_loads_still_stops
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
+def test_sigterm_as_the_watch_takes_it_over_stops_the_server_with_status_0(tmp_path, monkeypatch, capsys):
+    """A SIGTERM handled just after the watch's handler was installed, before the watch was set up and before the
+    `try` that reports it, raised _Terminated out of glimmer.cli.main: a traceback and status 1, where 0 is
+    promised."""
+    import glimmer.cli
+
+    install = signal.signal
+
+    def install_then_sigterm(signum, handler):
+        previous = install(signum, handler)
+        if isinstance(getattr(handler, "__self__", None), glimmer.cli._SigtermWatch):
+            signal.raise_signal(signal.SIGTERM)
+        return previous
+
+    hook = sys.unraisablehook
+    monkeypatch.setattr(signal, "signal", install_then_sigterm)
+    assert glimmer.cli.main(["serve", str(tmp_path / "model"), "--uds", str(tmp_path / "s.sock")]) == 0
+    assert "glimmer: stopped by SIGTERM before serving" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL and sys.unraisablehook is hook
+
+
+def test_run_batch_stopped_before_its_output_is_emptied_says_the_output_is_as_it_was(tmp_path, monkeypatch):
+    """The output was marked started before it was emptied: a SIGTERM in between said the records finished were in
+    the file, which held an earlier run's."""
+    import glimmer.cli
+
+    def sigterm_as_the_output_is_looked_at(fd):
+        raise glimmer.cli._Terminated()
+
+    (tmp_path / "out.jsonl").write_text("an earlier run's\n")
+    with glimmer.cli._batch_output(str(tmp_path / "out.jsonl"), "-") as output:
+        with monkeypatch.context() as patch, pytest.raises(glimmer.cli._Terminated):
+            patch.setattr(glimmer.cli.os, "fstat", sigterm_as_the_output_is_looked_at)
+            output.start()
+        assert not output.started
+    assert (tmp_path / "out.jsonl").read_text() == "an earlier run's\n"
+
+
 def test_chat_in_process_with_the_default_model(cache_env):
     result = subprocess.run([sys.executable, "-m", "glimmer.cli", "chat", "--max-tokens", "80", "--no-color",
                              "--max-model-len", "2048", "--kv-cache-memory", "50MiB"],
