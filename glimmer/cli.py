@@ -161,7 +161,7 @@ INSPECT_EXIT_STATUS = ("exit status: 0 when the checkpoint loads as serve would 
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    _refuse_empty_path(args.model, "MODEL", "give the checkpoint directory, .gguf file or Hub id to inspect")
+    _refuse_empty_argument(args.model, "MODEL", "give the checkpoint directory, .gguf file or Hub id to inspect")
     import torch
 
     from glimmer.checkpoint.inspect import inspect_checkpoint
@@ -242,9 +242,9 @@ def _inspect_status(warnings: list[str], strict: bool) -> int:
 def _cmd_make_tiny(args: argparse.Namespace) -> int:
     from glimmer.tiny import TINY_DRAFTER_LAYOUTS, write_tiny_checkpoint, write_tiny_drafter
 
-    _refuse_empty_path(args.dir, "DIR", "give the directory to write the checkpoint to")
+    _refuse_empty_argument(args.dir, "DIR", "give the directory to write the checkpoint to")
     if args.drafter_for is not None:
-        _refuse_empty_path(args.drafter_for, "--drafter-for", "give the target's checkpoint directory")
+        _refuse_empty_argument(args.drafter_for, "--drafter-for", "give the target's checkpoint directory")
     out = Path(args.dir)
     if args.drafter_for is not None:
         from glimmer.default_model import embedded_model_dir
@@ -598,7 +598,7 @@ async def _cancelled_by_sigterm(work: Any) -> Any:
 
 def _read_batch_input(source: str) -> bytes:
     """The bytes of run-batch's --input-file (`-`: stdin); UsageError when they cannot be read."""
-    _refuse_empty_path(source, "--input-file", "give the batch file's path, or - for stdin")
+    _refuse_empty_argument(source, "--input-file", "give the batch file's path, or - for stdin")
     if source == "-":
         return sys.stdin.buffer.read()
     if urlsplit(source).scheme in ("http", "https"):
@@ -646,7 +646,7 @@ class _BatchOutput:
 def _batch_output(target: str, source: str) -> Iterator[_BatchOutput]:
     """run-batch's --output-file, opened before the model loads; UsageError when it cannot be, when it is the input
     file (which it would overwrite), or when writing fails (a full disk)."""
-    _refuse_empty_path(target, "--output-file", "give the path to write the results to, or - for stdout")
+    _refuse_empty_argument(target, "--output-file", "give the path to write the results to, or - for stdout")
     if urlsplit(target).scheme in ("http", "https"):
         raise UsageError(f"--output-file {target}: writing to a URL is not supported; give a local path (then upload "
                          "it), or - for stdout")
@@ -790,9 +790,10 @@ def _with_flags_as_typed(message: str, args: argparse.Namespace) -> str:
     return re.sub(r"--kv-cache-memory(?![\w-])", typed, message) if typed != "--kv-cache-memory" else message
 
 
-def _refuse_empty_path(value: str, name: str, fix: str) -> None:
-    """UsageError for an empty path argument (`"$DIR"` with DIR unset), which Path("") would read as the current
-    directory."""
+def _refuse_empty_argument(value: str, name: str, fix: str) -> None:
+    """UsageError for an argument given empty (or blank), as `"$DIR"` is with DIR unset: it is no value of the
+    argument, nor its absence (a path, which Path("") would read as the current directory; --url, whose absence is
+    an in-process chat)."""
     if not value.strip():
         raise UsageError(f"{name} is empty; {fix}")
 
@@ -805,8 +806,8 @@ def _check_engine_options(args: argparse.Namespace) -> None:
             raise UsageError(f"MODEL {args.model} and --model {args.model_option} name two models; give one of them")
         args.model = args.model_option
     if args.model is not None:
-        _refuse_empty_path(args.model, "MODEL", "give a checkpoint directory, .gguf file or Hub id, or leave it out "
-                           "for the embedded glimmer-nano")
+        _refuse_empty_argument(args.model, "MODEL", "give a checkpoint directory, .gguf file or Hub id, or leave it "
+                                                    "out for the embedded glimmer-nano")
     for dest in _MEDIA_LIMIT_OPTIONS:  # MediaLimits would name its field, not the flag typed
         if getattr(args, dest) < 1:
             raise UsageError(f"--{dest.replace('_', '-')} {getattr(args, dest)} is invalid; give a positive integer")
@@ -886,7 +887,7 @@ def _bind(host: str, port: int) -> socket.socket:
 def _bind_unix(path: str) -> socket.socket:
     """A Unix domain socket at `path` for the server (vLLM's --uds); UsageError if it cannot be made. A socket file
     that nothing listens on (left by a server that was killed) is replaced; one a server listens on is not."""
-    _refuse_empty_path(path, "--uds", "give the path of the socket file to create")
+    _refuse_empty_argument(path, "--uds", "give the path of the socket file to create")
     try:
         is_socket, exists = Path(path).is_socket(), Path(path).exists()
     except OSError as error:  # a folder on the path this user may not search: PermissionError, not False
@@ -923,17 +924,17 @@ def _chat(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
     """`glimmer chat` with SIGTERM raising _Terminated."""
     from glimmer.server.chat_client import run_chat
 
-    if args.url is not None:  # `--url "$SERVER"` with SERVER unset is no in-process chat
-        _refuse_empty_path(args.url, "--url", "give the server's address, e.g. http://127.0.0.1:8000, or leave --url "
-                                              "out to load the model in-process")
+    if args.url is not None:  # `--url "$SERVER"` with SERVER unset: not an in-process chat
+        _refuse_empty_argument(args.url, "--url", "give the server's address, e.g. http://127.0.0.1:8000, or leave "
+                                                  "--url out to load the model in-process")
     options = _chat_request_options(args)
     _check_engine_options(args)
-    if args.url:
+    if args.url is not None:
         from glimmer.server.chat_client import ChatClientError, check_server_url
 
         if args.api_key is not None:  # `"$KEY"`, KEY unset: no $GLIMMER_API_KEY then (as openai)
-            _refuse_empty_path(args.api_key, "--api-key", "give the server's key, or leave --api-key out to send "
-                                                          "$GLIMMER_API_KEY (no key where it is unset)")
+            _refuse_empty_argument(args.api_key, "--api-key", "give the server's key, or leave --api-key out to send "
+                                                              "$GLIMMER_API_KEY (no key where it is unset)")
         # the server's own limits hold for what it is sent
         ignored = _engine_options_given(args) + ["--limit-mm-per-prompt"] * (args.limit_mm_per_prompt is not None)
         if ignored:
@@ -956,7 +957,7 @@ def _chat(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
     color = not args.no_color and not _no_color() and sys.stdout.isatty()
     chat = dict(out=sys.stdout, read_line=input, system=args.system, tools=tools, request_options=options,
                 color=color)
-    if args.url:
+    if args.url is not None:
         from glimmer.server.chat_client import check_server
 
         # the --served-model is checked now, not when the first message is refused
@@ -1074,7 +1075,7 @@ def _read_tools(path: str) -> list[dict[str, Any]]:
     from glimmer.protocol import normalize_tools
 
     # `--tools "$TOOLS"` with TOOLS unset: not a chat without tools
-    _refuse_empty_path(path, "--tools", "give the JSON file of tool declarations, or leave --tools out")
+    _refuse_empty_argument(path, "--tools", "give the JSON file of tool declarations, or leave --tools out")
     try:
         # bytes, as run-batch reads its file: json.loads takes them with a UTF-8 BOM (a Windows editor's), where the
         # text read refused it ("Unexpected UTF-8 BOM")

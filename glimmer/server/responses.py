@@ -641,14 +641,14 @@ async def _stream(run: _ResponseRun, first: StepDelta, stream: AsyncIterator[Ste
             except Exception as exc:  # the status line is sent: report the error as events
                 if isinstance(exc, RequestError):  # a constraint that failed while generating names the chat field
                     exc = responses_error(exc, run.conversation.sources)
-                status, body = describe_error(exc)
+                http_status, body = describe_error(exc)
                 error = body["error"]
                 for event in run.builder.fail():
                     yield run.event(event)
                 # the error's own code where it has one (`shutting_down`, as chat and completions streams report it)
                 yield run.event({"type": "error", "code": error["code"] or error["type"], "message": error["message"],
                                  "param": error["param"]})
-                failed = run.snapshot("failed", {"code": _FAILURE_CODES.get(status, "server_error"),
+                failed = run.snapshot("failed", {"code": _FAILURE_CODES.get(http_status, "server_error"),
                                                  "message": error["message"], "param": error["param"],
                                                  "type": error["type"]})
                 run.keep(failed)  # as OpenAI keeps it: its id came with response.created, and GET gives it failed
