@@ -28,7 +28,7 @@ from glimmer.engine.sampling_params import SEED_RANGE
 from glimmer.errors import ConfigError, GlimmerError, RequestError
 from glimmer.multimodal.settings import NOT_A_HOST_NAME, MediaFetchPolicy, MediaLimits, host_name
 from glimmer.server.settings import API_KEY_ROUTES, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_REQUEST_READ_TIMEOUT_S
-from glimmer.sigterm import SigtermRecord, give_back_sigterm
+from glimmer.sigterm import give_back_sigterm, take_over_sigterm
 
 
 class UsageError(GlimmerError):
@@ -334,19 +334,14 @@ def _engine_from_args(args: argparse.Namespace) -> tuple[Any, str]:
     return engine, name
 
 
-def _cmd_serve(args: argparse.Namespace) -> int:
-    # before the model began to load, or as it loaded: nothing serves yet, and SIGTERM ends serve with 0, as it does
-    # once it serves
-    return _heeding_sigterm(_serve, args, "glimmer: stopped by SIGTERM before serving", 0)
-
-
 def _heeding_sigterm(command: Callable[[argparse.Namespace, _SigtermWatch], int], args: argparse.Namespace,
                      stopped: str, stopped_status: int) -> int:
     """`command(args, sigterm)` with SIGTERM raising _Terminated (`sigterm`, a _SigtermWatch) from the start, before
     the imports (a second or two) and the checks that precede loading the model: as a container's PID 1, where a
     signal without a handler is ignored, `docker stop` went unheard and the process went on to load the model and
     work until killed. The command may stop the watch early (serve does, for uvicorn); a _Terminated it lets out
-    prints `stopped` and returns `stopped_status`, as does a SIGTERM the entry point noted before (glimmer.sigterm)."""
+    prints `stopped` and returns `stopped_status`, as does a SIGTERM the entry point noted before (glimmer.sigterm).
+    A command heeds SIGTERM by its parser's `sigterm_stop` default, (`stopped`, `stopped_status`): build_parser."""
     sigterm = _SigtermWatch()  # noted from here, raised only once armed, inside the try that says so
     try:
         sigterm.arm()
@@ -473,11 +468,6 @@ def _serve(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
               f"{engine.failure}); exiting so that a supervisor can restart the server", file=sys.stderr)
         return 1
     return 0 if server.started else 1
-
-
-def _cmd_run_batch(args: argparse.Namespace) -> int:
-    return _heeding_sigterm(_run_batch, args, "run-batch: stopped by SIGTERM before the batch began",
-                            128 + signal.SIGTERM)
 
 
 def _run_batch(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
@@ -694,11 +684,8 @@ class _SigtermWatch:
     def __init__(self) -> None:
         self.arrived = self._armed = self._stopped = False
         self._previous_hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
-        self._previous = signal.signal(signal.SIGTERM, self._terminated)
-        # a SIGTERM noted as the command started (glimmer.sigterm) came as much as one now, and the record's job is done
-        if isinstance(self._previous, SigtermRecord):
-            self.arrived = self.arrived or self._previous.arrived
-            self._previous = signal.SIG_DFL
+        self._previous, noted_at_start = take_over_sigterm(self._terminated)
+        self.arrived = self.arrived or noted_at_start
 
     def arm(self) -> None:
         """From now on a SIGTERM raises _Terminated where it lands; one noted before raises it now."""
@@ -910,14 +897,6 @@ def _bind_unix(path: str) -> socket.socket:
         listener.close()
         raise UsageError(f"cannot listen on {path}: {error.strerror or error}; choose another --uds") from None
     return listener
-
-
-def _cmd_chat(args: argparse.Namespace) -> int:
-    return _heeding_sigterm(_chat, args, "glimmer: chat stopped by SIGTERM", 128 + signal.SIGTERM)
-
-
-# the commands whose SIGTERM is _heeding_sigterm's; the others end at once on SIGTERM, as a process does by default
-_COMMANDS_HEEDING_SIGTERM = (_cmd_serve, _cmd_run_batch, _cmd_chat)
 
 
 def _chat(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
@@ -1669,6 +1648,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {glimmer.__version__}",
                         help="print Glimmer's version and exit")
     _add_log_level(parser, None)  # None: not given, the command's default
+    # a command whose parser gives no sigterm_stop ends at once on SIGTERM, as a process does by default
+    parser.set_defaults(sigterm_stop=None)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", help="what to do")
 
     serve = sub.add_parser("serve", help="serve a model behind the OpenAI-compatible HTTP API")
@@ -1762,7 +1743,9 @@ def build_parser() -> argparse.ArgumentParser:
         "another value is refused saying what to do instead")
     for flag, options in _VLLM_SERVING_OPTIONS.items():
         vllm.add_argument(flag, default=argparse.SUPPRESS, help="vLLM's", **options)
-    serve.set_defaults(func=_cmd_serve)
+    # before the model began to load, or as it loaded: nothing serves yet, and SIGTERM ends serve with 0, as it does
+    # once it serves
+    serve.set_defaults(func=_serve, sigterm_stop=("glimmer: stopped by SIGTERM before serving", 0))
 
     chat = sub.add_parser("chat", help="chat in the terminal, in-process or with a running server (--url)")
     _add_engine_options(chat)
@@ -1786,7 +1769,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="vLLM's media limits, taken in-process and noted: the terminal chat sends text only, so "
                            "they change nothing; refused with --url, where the server's own limits hold")
     chat.add_argument("--no-color", action="store_true", help="plain text, no ANSI styles")
-    chat.set_defaults(func=_cmd_chat)
+    chat.set_defaults(func=_chat, sigterm_stop=("glimmer: chat stopped by SIGTERM", 128 + signal.SIGTERM))
 
     batch = sub.add_parser("run-batch", help="run an OpenAI batch file (JSON Lines) through the server's endpoints, "
                            "offline, as vLLM's run-batch")
@@ -1815,7 +1798,8 @@ def build_parser() -> argparse.ArgumentParser:
         "each noted at startup; another value is refused saying what to do instead")
     for flag, options in _VLLM_RUN_BATCH_OPTIONS.items():
         vllm.add_argument(flag, default=argparse.SUPPRESS, help="vLLM's", **options)
-    batch.set_defaults(func=_cmd_run_batch)
+    batch.set_defaults(func=_run_batch,
+                       sigterm_stop=("run-batch: stopped by SIGTERM before the batch began", 128 + signal.SIGTERM))
 
     inspect = sub.add_parser("inspect", help="validate a checkpoint and print its layout, config and sizes",
                              epilog=INSPECT_EXIT_STATUS)
@@ -1859,9 +1843,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level or "INFO", format="%(levelname)s %(name)s: %(message)s")
-    if args.func not in _COMMANDS_HEEDING_SIGTERM:  # serve, chat and run-batch take it over in _heeding_sigterm
-        give_back_sigterm()
     try:
+        if args.sigterm_stop is not None:  # serve, chat and run-batch
+            return _heeding_sigterm(args.func, args, *args.sigterm_stop)
+        give_back_sigterm()
         return args.func(args)
     except UsageError as exc:
         print(f"glimmer: error: {exc}", file=sys.stderr)

@@ -4,7 +4,6 @@ load, and given to the command once it is known (imports nothing but `signal`, s
 from __future__ import annotations
 
 import signal
-from typing import Any
 
 
 class SigtermRecord:
@@ -16,7 +15,7 @@ class SigtermRecord:
     def __init__(self) -> None:
         self.arrived = False
 
-    def __call__(self, signum: int, frame: Any) -> None:
+    def __call__(self, signum: int, frame: object) -> None:
         self.arrived = True
 
 
@@ -27,12 +26,22 @@ def record_sigterm() -> SigtermRecord:
     return record
 
 
+def take_over_sigterm(handler: object) -> tuple[object, bool]:
+    """Make `handler` SIGTERM's handler (a function, signal.SIG_DFL or signal.SIG_IGN). Returns the handler to give
+    SIGTERM back to after it, the one found or, in place of a SigtermRecord, whose job is then done, SIG_DFL; and
+    whether that record noted a SIGTERM, which came as much as one now. The record is read once `handler` is in place,
+    so that no SIGTERM falls between the two."""
+    found = signal.signal(signal.SIGTERM, handler)
+    if isinstance(found, SigtermRecord):
+        return signal.SIG_DFL, found.arrived
+    return found, False
+
+
 def give_back_sigterm() -> None:
     """For a command that does not heed SIGTERM: the default handler again in place of a SigtermRecord, and a SIGTERM
     it noted raised again, which ends the process as it would have at once. Does nothing where no record is the
     handler (`glimmer.cli.main` called directly, as by `python -m glimmer.cli` and the tests)."""
-    record = signal.getsignal(signal.SIGTERM)
-    if isinstance(record, SigtermRecord):
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        if record.arrived:
+    if isinstance(signal.getsignal(signal.SIGTERM), SigtermRecord):
+        _, arrived = take_over_sigterm(signal.SIG_DFL)
+        if arrived:
             signal.raise_signal(signal.SIGTERM)
