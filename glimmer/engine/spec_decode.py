@@ -38,7 +38,8 @@ DRAFT_POLICIES = ("adaptive", "always")
 class SpeculativeConfig:
     """vLLM's `speculative_config`, validated.
 
-    method: "dflash" (the Muse Glimmer assistant).
+    method: "dflash" (the Muse Glimmer assistant); absent or None: "dflash", as vLLM infers a method from the drafter
+        (the drafter's config must still be a DFlash drafter's).
     model: the drafter: an HF `muse_glimmer_assistant` directory, a native head.pt (or its directory) or a Hub id
         (owner/name, fetched when the engine loads it), as a string or a path object (kept as a string).
     num_speculative_tokens: the most tokens proposed per sequence and step (default and maximum: the
@@ -48,7 +49,7 @@ class SpeculativeConfig:
     disable_by_batch_size: no speculation in steps with more decoding sequences than this.
     """
 
-    method: str
+    method: str | None
     model: str
     num_speculative_tokens: int | None = None
     draft_policy: str | None = "adaptive"  # None: the default, kept as "adaptive"
@@ -66,19 +67,20 @@ class SpeculativeConfig:
                 raise ConfigError(f"speculative_config is not valid JSON: {exc.msg} (column {exc.colno})") from None
         if not isinstance(value, Mapping):
             raise ConfigError(f"speculative_config must be a JSON object / dict, got {type(value).__name__}")
-        if "method" in value:  # before the keys: vLLM's other methods take keys (prompt_lookup_max) and no model
+        if value.get("method") is not None:  # before the keys: vLLM's other methods take keys and no model
             _check_method(value["method"])
         known = {f for f in cls.__dataclass_fields__}
         unknown = sorted(set(value) - known, key=str)  # a Python dict's keys may be of any type
         if unknown:
             raise ConfigError(f"speculative_config has unknown key(s) {unknown}; allowed: {sorted(known)}")
-        for key in ("method", "model"):
-            if key not in value:
-                raise ConfigError(f"speculative_config needs {key!r} (e.g. {{\"method\": \"dflash\", \"model\": "
-                                  "\"/path/to/Muse-Glimmer-30B-assistant\"})")
-        return cls(**value)
+        if "model" not in value:
+            raise ConfigError("speculative_config needs 'model' (e.g. {\"method\": \"dflash\", \"model\": "
+                              "\"/path/to/Muse-Glimmer-30B-assistant\"})")
+        return cls(**{"method": None, **value})
 
     def __post_init__(self) -> None:
+        if self.method is None:  # vLLM infers the method from the drafter; DFlash is the one Glimmer has
+            object.__setattr__(self, "method", SPECULATIVE_METHODS[0])
         _check_method(self.method)
         if isinstance(self.model, os.PathLike):  # as LLM(model=...) takes one
             object.__setattr__(self, "model", os.fspath(self.model))

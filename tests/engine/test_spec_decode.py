@@ -903,14 +903,31 @@ def test_a_vllm_method_glimmer_lacks_is_refused_as_such_before_its_keys(config):
         SpeculativeConfig.parse(config)
 
 
-@pytest.mark.parametrize("missing", ["method", "model"])
-def test_a_missing_speculative_config_key_shows_an_example_that_parses(missing):
-    config = {"method": "dflash", "model": "x"}
-    del config[missing]
+def test_a_missing_model_shows_an_example_that_parses():
     with pytest.raises(ConfigError) as error:
-        SpeculativeConfig.parse(config)
+        SpeculativeConfig.parse({"method": "dflash"})
     example = re.search(r"\(e\.g\. (.*)\)$", str(error.value)).group(1)
     assert json.loads(example) == {"method": "dflash", "model": "/path/to/Muse-Glimmer-30B-assistant"}
+
+
+@pytest.mark.parametrize("config", [{}, {"method": None}, '{"method": null}'])
+def test_a_drafter_without_a_method_runs_as_dflash_as_vllm_infers_the_method(target, drafter, plain, config):
+    """vLLM's method defaults to None, inferred from the drafter; DFlash is the one Glimmer has. A speculative_config
+    naming only its model was refused as needing 'method', one with "method": null as an unsupported method."""
+    if isinstance(config, str):
+        config = config[:-1] + f', "model": {json.dumps(str(drafter))}}}'
+    else:
+        config = {**config, "model": str(drafter)}
+    llm = LLM(str(target), progress=False, speculative_config=config)
+    assert llm.engine.speculator.config.method == "dflash"
+    prompt = _prompts(1, seed=4)[0]
+    assert llm.generate([prompt], GREEDY)[0].token_ids == plain.generate([prompt], GREEDY)[0].token_ids
+    assert llm.engine.speculator.stats.num_drafts > 0
+
+
+def test_a_target_named_as_the_drafter_without_a_method_is_refused_as_no_drafter(target):
+    with pytest.raises(ConfigError, match=r"is not a DFlash drafter config; expected 'muse_glimmer_assistant'"):
+        LLMEngine(EngineConfig(str(target), progress=False, speculative_config={"model": str(target)}))
 
 
 def test_configurations_that_cannot_verify_are_refused_with_the_numbers(target, drafter):
