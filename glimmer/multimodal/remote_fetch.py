@@ -32,6 +32,7 @@ import socket
 import ssl
 import threading
 import time
+from typing import NoReturn
 from urllib.parse import urljoin, urlsplit
 
 import httpcore
@@ -131,10 +132,12 @@ def _resolve(host: str, port: int, timeout_s: float, limit_s: float, cancel: Can
 
 
 class _GuardedBackend(httpcore.SyncBackend):
+    """The network of one fetch: its connections, which it can cut, the policy, the deadline and the cancel token."""
+
     def __init__(self, policy: MediaFetchPolicy, deadline: float, cancel: CancelToken | None):
-        self._policy = policy
-        self._deadline = deadline  # time.monotonic() by which the whole fetch ends
-        self._cancel = cancel
+        self.policy = policy
+        self.deadline = deadline  # time.monotonic() by which the whole fetch ends
+        self.cancel = cancel
         # a duplicate descriptor of each connection: shutdown(2) acts on the connection, whichever descriptor names
         # it, and TLS detaches the socket httpcore was handed
         self._connections: list[socket.socket] = []
@@ -152,6 +155,14 @@ class _GuardedBackend(httpcore.SyncBackend):
                 except OSError:  # already closed by the peer
                     pass
 
+    def cut_at_deadline_or_cancel(self, done: threading.Event) -> None:
+        """Cut the connections at the deadline, or once the token is cancelled (looked at every CANCEL_CHECK_S),
+        unless the fetch is `done` first (the watchdog thread's work)."""
+        while not done.wait(min(CANCEL_CHECK_S, max(self.deadline - time.monotonic(), 0))):
+            if time.monotonic() >= self.deadline or (self.cancel is not None and self.cancel.cancelled):
+                self.cut()
+                return
+
     def close(self) -> None:
         with self._lock:
             for connection in self._connections:
@@ -161,26 +172,26 @@ class _GuardedBackend(httpcore.SyncBackend):
     def time_left(self, doing: str) -> float:
         """Seconds left until the deadline; RemoteMediaError naming what was `doing` once none are, Cancelled once the
         fetch is."""
-        left = self._deadline - time.monotonic()
+        left = self.deadline - time.monotonic()
         if left <= 0:
-            raise self.cut_short(f"no answer within {self._policy.timeout_s} s ({doing})")
-        if self._cancel is not None:
-            self._cancel.check()
+            self.raise_cut_short(f"no answer within {self.policy.timeout_s} s ({doing})")
+        if self.cancel is not None:
+            self.cancel.check()
         return left
 
-    def cut_short(self, message: str) -> RemoteMediaError:
-        """The error of a fetch cut short (its connection cut, a wait timed out): RemoteMediaError(`message`) for the
-        deadline; raises Cancelled instead where the fetch was cancelled, which cuts its connections too."""
-        if self._cancel is not None:
-            self._cancel.check()
-        return RemoteMediaError(message)
+    def raise_cut_short(self, message: str) -> NoReturn:
+        """Raises Cancelled where the fetch was cancelled (which cuts its connections too), else
+        RemoteMediaError(`message`): the error of a fetch cut short (its connection cut, a wait timed out)."""
+        if self.cancel is not None:
+            self.cancel.check()
+        raise RemoteMediaError(message) from None
 
     def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
                     socket_options=None) -> httpcore.NetworkStream:
         host = host.lower().rstrip(".")
-        found = _resolve(host, port, self.time_left("resolving the host"), self._policy.timeout_s, self._cancel)
+        found = _resolve(host, port, self.time_left("resolving the host"), self.policy.timeout_s, self.cancel)
         addresses = list(dict.fromkeys(str(info[4][0]) for info in found))
-        if host not in self._policy.allowed_domains:
+        if host not in self.policy.allowed_domains:
             refused = [address for address in addresses if not is_public_address(address)]
             if refused:  # all or nothing: a name with one private address is a name pointed inward
                 raise RemoteMediaError(f"{host!r} resolves to non-public address(es) {refused}; list the host in "
@@ -208,32 +219,19 @@ def fetch_remote(url: str, policy: MediaFetchPolicy, cancel: CancelToken | None 
     Raises RemoteMediaError for any failure (with the reason for the log), LookupsBusyError where the resolver is
     held up by too many lookups, Cancelled once `cancel` is.
     """
-    deadline = time.monotonic() + policy.timeout_s
-    backend = _GuardedBackend(policy, deadline, cancel)
+    backend = _GuardedBackend(policy, time.monotonic() + policy.timeout_s, cancel)
     done = threading.Event()
-    threading.Thread(target=_cut_at_deadline_or_cancel, args=(backend, deadline, cancel, done),
-                     name="glimmer-media-watchdog", daemon=True).start()
+    threading.Thread(target=backend.cut_at_deadline_or_cancel, args=(done,), name="glimmer-media-watchdog",
+                     daemon=True).start()
     try:
-        return _fetch(url, policy, backend, deadline, cancel)
+        return _fetch(url, backend)
     finally:
         done.set()
         backend.close()
 
 
-def _cut_at_deadline_or_cancel(backend: _GuardedBackend, deadline: float, cancel: CancelToken | None,
-                               done: threading.Event) -> None:
-    """Cut `backend`'s connections at `deadline`, or once `cancel` is cancelled (looked at every CANCEL_CHECK_S), unless
-    the fetch is `done` first. `cancel` was looked at only between chunks of the body: a fetch waiting on a server
-    that did not answer went on until the deadline after its request was cancelled, and `glimmer serve`, which waits
-    for its fetch threads as it exits, stayed up that long after SIGTERM (10 s by default, --media-fetch-timeout)."""
-    while not done.wait(min(CANCEL_CHECK_S, max(deadline - time.monotonic(), 0))):
-        if time.monotonic() >= deadline or (cancel is not None and cancel.cancelled):
-            backend.cut()
-            return
-
-
-def _fetch(url: str, policy: MediaFetchPolicy, backend: _GuardedBackend, deadline: float,
-           cancel: CancelToken | None) -> bytes:
+def _fetch(url: str, backend: _GuardedBackend) -> bytes:
+    policy = backend.policy
     with httpcore.ConnectionPool(ssl_context=ssl.create_default_context(), max_connections=1,
                                  network_backend=backend) as pool:
         for _ in range(policy.max_redirects + 1):
@@ -256,26 +254,26 @@ def _fetch(url: str, policy: MediaFetchPolicy, backend: _GuardedBackend, deadlin
                         continue
                     if response.status != 200:
                         raise RemoteMediaError(f"HTTP {response.status}")
-                    body = _read_body(response, policy, deadline, cancel)
+                    body = _read_body(response, backend)
                     if backend.was_cut:  # a body that ends with the connection was cut short, not complete
-                        raise backend.cut_short(f"the download took longer than {policy.timeout_s} s")
+                        backend.raise_cut_short(f"the download took longer than {policy.timeout_s} s")
                     return body
             except (RemoteMediaError, LookupsBusyError, Cancelled):
                 raise
             except Exception as error:  # network, TLS, protocol and URL errors of every kind
                 if backend.was_cut or isinstance(error, httpcore.TimeoutException):
-                    raise backend.cut_short(f"no answer within {policy.timeout_s} s") from None
+                    backend.raise_cut_short(f"no answer within {policy.timeout_s} s")
                 raise RemoteMediaError(f"{type(error).__name__}: {error}") from None
     raise RemoteMediaError(f"more than {policy.max_redirects} redirects")
 
 
-def _read_body(response: httpcore.Response, policy: MediaFetchPolicy, deadline: float,
-               cancel: CancelToken | None) -> bytes:
+def _read_body(response: httpcore.Response, backend: _GuardedBackend) -> bytes:
+    policy = backend.policy
     chunks, total = [], 0
     for chunk in response.iter_stream():
-        if cancel is not None:
-            cancel.check()
-        if time.monotonic() > deadline:  # the read timeout is per read; this bounds the whole download
+        if backend.cancel is not None:
+            backend.cancel.check()
+        if time.monotonic() > backend.deadline:  # the read timeout is per read; this bounds the whole download
             raise RemoteMediaError(f"the download took longer than {policy.timeout_s} s")
         total += len(chunk)
         if total > policy.max_bytes:
