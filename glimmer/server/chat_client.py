@@ -314,6 +314,21 @@ def _refusal(error: urllib.error.HTTPError) -> ServerRefusedError:
         return ServerRefusedError(error.code, text[:300] or str(error.reason))
 
 
+def _context_refusal_hint(error: ServerRefusedError, system: str | None, earlier: list[dict[str, Any]],
+                          request_options: dict[str, Any] | None) -> str:
+    """The line after a refusal for the context's length (`error.context_exceeded`) that says what the chat's user
+    can do ("" where nothing more than the error's own fix): `earlier`, the history before the refused message."""
+    if system and error.param == "messages[0]":  # the part the refusal would have shortened: the user's flag
+        return "messages[0] is the --system prompt, sent with every message: give a shorter --system.\n"
+    if any(message["role"] != "system" for message in earlier):
+        # a refusal that names max_tokens is also met by asking for fewer tokens
+        fewer = " (or a smaller --max-tokens leaves room)" if "max_tokens" in error.message else ""
+        return f"The conversation no longer fits the model's context: /reset starts a new one{fewer}.\n"
+    if "max_tokens" in error.message and "max_tokens" in (request_options or {}):  # its fix names the API field
+        return "A smaller --max-tokens leaves the message room.\n"
+    return ""
+
+
 def run_chat(url: str, *, model: str | None, api_key: str | None, out: TextIO, read_line: Callable[[str], str],
              system: str | None = None, tools: list[dict[str, Any]] | None = None,
              request_options: dict[str, Any] | None = None, color: bool = True,
@@ -360,17 +375,8 @@ def run_chat(url: str, *, model: str | None, api_key: str | None, out: TextIO, r
             renderer.finish()
             refused_in_process = in_process and isinstance(error, ServerRefusedError)
             out.write(f"error: {terminal_text(error.message if refused_in_process else str(error))}\n")
-            earlier_turns = any(message["role"] != "system" for message in history[:turn_start])
-            if (isinstance(error, ServerRefusedError) and error.context_exceeded and system
-                    and error.param == "messages[0]"):  # the part the refusal would have shortened: the user's flag
-                out.write("messages[0] is the --system prompt, sent with every message: give a shorter --system.\n")
-            elif isinstance(error, ServerRefusedError) and error.context_exceeded and earlier_turns:
-                # a refusal that names max_tokens is also met by asking for fewer tokens
-                fewer = " (or a smaller --max-tokens leaves room)" if "max_tokens" in error.message else ""
-                out.write(f"The conversation no longer fits the model's context: /reset starts a new one{fewer}.\n")
-            elif (isinstance(error, ServerRefusedError) and error.context_exceeded and "max_tokens" in error.message
-                  and "max_tokens" in (request_options or {})):  # the refusal's fix names the API field, not the flag
-                out.write("A smaller --max-tokens leaves the message room.\n")
+            if isinstance(error, ServerRefusedError) and error.context_exceeded:
+                out.write(_context_refusal_hint(error, system, history[:turn_start], request_options))
             return None
         message = renderer.finish()
         if renderer.finish_reason == "length":
