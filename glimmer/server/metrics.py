@@ -141,17 +141,18 @@ def _spec_decode_metrics(spec) -> Iterator[Metric]:
 
 
 class _VllmLatencies(Collector):
-    """Inter-token latency again under vLLM's names (the same observations, labelled `model_name`)."""
+    """A histogram again under vLLM's names (the same observations, labelled `model_name`)."""
 
-    def __init__(self, histograms: list[tuple[str, Histogram]], model_name: str):
-        self._histograms = histograms
+    def __init__(self, histogram: Histogram, names: list[str], model_name: str):
+        self._histogram = histogram
+        self._names = names
         self._model_name = model_name
 
     def collect(self) -> Iterator[Metric]:
-        for name, histogram in self._histograms:
-            [own] = histogram.collect()
-            buckets = [(sample.labels["le"], sample.value) for sample in own.samples if sample.name.endswith("_bucket")]
-            [total] = [sample.value for sample in own.samples if sample.name.endswith("_sum")]
+        [own] = self._histogram.collect()
+        buckets = [(sample.labels["le"], sample.value) for sample in own.samples if sample.name.endswith("_bucket")]
+        [total] = [sample.value for sample in own.samples if sample.name.endswith("_sum")]
+        for name in self._names:
             metric = HistogramMetricFamily(name, own.documentation, labels=["model_name"])
             metric.add_metric([self._model_name], buckets, sum_value=total)
             yield metric
@@ -205,9 +206,8 @@ class ServerMetrics:
         engine.on_finished(self._finished)
         engine.on_token_gap(self.inter_token_latency.observe)
         self.registry.register(_EngineCollector(engine, model_name))
-        self.registry.register(_VllmLatencies([
-            ("vllm:inter_token_latency_seconds", self.inter_token_latency),
-            ("vllm:time_per_output_token_seconds", self.inter_token_latency)], model_name))  # vLLM's older name
+        self.registry.register(_VllmLatencies(self.inter_token_latency, [  # vLLM's name, and its older one
+            "vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"], model_name))
 
     def _finished(self, record: FinishedCompletion) -> None:
         """One completion ended (on the engine thread): vLLM's per-request figures, those that were measured."""
