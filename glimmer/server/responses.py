@@ -600,12 +600,6 @@ def _refuse_in_progress(response_id: str, context: ServingContext, then: str) ->
                            param="response_id")
 
 
-_FAILURE_CODES = {400: "invalid_prompt"}
-"""The `error.code` of a failed response (OpenAI's ResponseError codes) by the HTTP status of its error: the request's
-own fault (a constraint its answer broke); any other failure is `server_error` (a full queue, 429, is refused before
-the response is created)."""
-
-
 async def _collect(run: _ResponseRun, first: StepDelta, stream: AsyncIterator[StepDelta]) -> dict[str, Any]:
     with run.generating():
         async with contextlib.aclosing(stream):
@@ -648,7 +642,10 @@ async def _stream(run: _ResponseRun, first: StepDelta, stream: AsyncIterator[Ste
                 # the error's own code where it has one (`shutting_down`, as chat and completions streams report it)
                 yield run.event({"type": "error", "code": error["code"] or error["type"], "message": error["message"],
                                  "param": error["param"]})
-                failed = run.snapshot("failed", {"code": _FAILURE_CODES.get(http_status, "server_error"),
+                # OpenAI's ResponseError codes: the request's own fault (a constraint its answer broke), or the
+                # server's (a full queue, 429, is refused before the response is created)
+                code = "invalid_prompt" if http_status == 400 else "server_error"
+                failed = run.snapshot("failed", {"code": code,
                                                  "message": error["message"], "param": error["param"],
                                                  "type": error["type"]})
                 run.keep(failed)  # as OpenAI keeps it: its id came with response.created, and GET gives it failed
