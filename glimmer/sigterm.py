@@ -19,11 +19,9 @@ class SigtermRecord:
         self.arrived = True
 
 
-def record_sigterm() -> SigtermRecord:
-    """Install a SigtermRecord as SIGTERM's handler and return it."""
-    record = SigtermRecord()
-    signal.signal(signal.SIGTERM, record)
-    return record
+def record_sigterm() -> None:
+    """Install a SigtermRecord as SIGTERM's handler (the command finds it there: take_over_sigterm)."""
+    signal.signal(signal.SIGTERM, SigtermRecord())
 
 
 def take_over_sigterm(handler: object) -> tuple[object, bool]:
