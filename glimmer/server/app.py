@@ -212,8 +212,8 @@ def _unknown_route(request: Request) -> str:
     elif path.startswith("/v1/") and at_root != "/" and at_root in _ENDPOINTS:
         message += f"; this server serves {root}{at_root} at the root, beside /v1, as vLLM does " \
                    f"(http://HOST:PORT{root}{at_root})"
-    elif path != "/" and path.endswith("/") and _allowed_methods(request.app, {**request.scope, "path": request.scope[
-            "path"].rstrip("/")}):
+    elif path != "/" and path.endswith("/") and _allowed_methods(
+            request.app, {**request.scope, "path": request.scope["path"].rstrip("/")}):  # routed on the raw path
         message += f"; this server serves {root}{path.rstrip('/')}: drop the trailing slash"
     return message
 
