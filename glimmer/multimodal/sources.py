@@ -213,32 +213,33 @@ def media_from_part(part: Mapping[str, Any], where: str | None = None) -> tuple[
         named = f"{', '.join(given[:-1])} and {given[-1]}"
         raise RequestError(f"{named_part} gives its {kind} {times}, as {named}; give it once",
                            param=where or "messages")
-    for key in given:  # the one key given, if any
-        value = part[key]
-        if isinstance(value, Mapping):
-            field = f"{where}.{key}.url" if where else f"{key}.url"
-            if value.get("url") is None:  # `{"image_url": {}}`: OpenAI's shape without its url
-                raise RequestError(f"{field} is missing; send {{\"{key}\": {{\"url\": ...}}}} with a data: "
-                                   "URL, a local path or an http(s) URL", param=field if where else "messages")
-            if not isinstance(value["url"], str):  # OpenAI's url is a string; 5 or [1] is no image
-                raise RequestError(f"{field} must be a string (a data: URL, a local path or an http(s) URL), "
-                                   f"not {type(value['url']).__name__}", param=field if where else "messages")
-            detail = value.get("detail")
-            if key == "image_url" and detail is not None and detail not in IMAGE_DETAILS:
-                field = f"{where}.{key}.detail" if where else f"{key}.detail"
-                raise RequestError(f"{field} must be one of {', '.join(map(repr, IMAGE_DETAILS))} (or left out), "
-                                   f"not {detail!r}; Glimmer sends every image at its full size whatever it says",
-                                   param=field if where else "messages")
-            value = value["url"]
-        elif key in (f"{kind}_url", "url") and isinstance(value, bool | int | float | list):
-            # JSON a client sent (`{"image_url": [url]}`, 5, true), which no image is; Python objects go on
-            field = f"{where}.{key}" if where else key
-            raise RequestError(f"{field} must be an object {{\"url\": ...}} or a string (a data: URL, a local path "
-                               f"or an http(s) URL), not {type(value).__name__}",
+    if not given:
+        raise RequestError(f"{named_part} has no {kind}, {kind}_url.url or url field",
+                           param=where or "messages")
+    key = given[0]
+    value = part[key]
+    if isinstance(value, Mapping):
+        field = f"{where}.{key}.url" if where else f"{key}.url"
+        if value.get("url") is None:  # `{"image_url": {}}`: OpenAI's shape without its url
+            raise RequestError(f"{field} is missing; send {{\"{key}\": {{\"url\": ...}}}} with a data: "
+                               "URL, a local path or an http(s) URL", param=field if where else "messages")
+        if not isinstance(value["url"], str):  # OpenAI's url is a string; 5 or [1] is no image
+            raise RequestError(f"{field} must be a string (a data: URL, a local path or an http(s) URL), "
+                               f"not {type(value['url']).__name__}", param=field if where else "messages")
+        detail = value.get("detail")
+        if key == "image_url" and detail is not None and detail not in IMAGE_DETAILS:
+            field = f"{where}.{key}.detail" if where else f"{key}.detail"
+            raise RequestError(f"{field} must be one of {', '.join(map(repr, IMAGE_DETAILS))} (or left out), "
+                               f"not {detail!r}; Glimmer sends every image at its full size whatever it says",
                                param=field if where else "messages")
-        return kind, value
-    raise RequestError(f"{named_part} has no {kind}, {kind}_url.url or url field",
-                       param=where or "messages")
+        value = value["url"]
+    elif key in (f"{kind}_url", "url") and isinstance(value, bool | int | float | list):
+        # JSON a client sent (`{"image_url": [url]}`, 5, true), which no image is; Python objects go on
+        field = f"{where}.{key}" if where else key
+        raise RequestError(f"{field} must be an object {{\"url\": ...}} or a string (a data: URL, a local path "
+                           f"or an http(s) URL), not {type(value).__name__}",
+                           param=field if where else "messages")
+    return kind, value
 
 
 def media_parts(messages: Sequence[Mapping[str, Any]]) -> Iterator[tuple[str, str, Mapping[str, Any]]]:
