@@ -442,7 +442,7 @@ def server(path: Path, engine_figures: dict[str, float]) -> dict[str, float]:
     server_process = ServeProcess(
         ["-m", "glimmer.cli", "--log-level", "WARNING", "serve", str(path), "--load-format", "dummy",
          "--max-model-len", "4096", "--max-num-seqs", "64", "--served-model-name", "glimmer-30b"],
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))})
     out: dict[str, float] = {}
     try:
         try:
