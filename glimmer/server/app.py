@@ -58,6 +58,7 @@ _ENDPOINTS = ("/", "/v1/chat/completions", "/v1/completions", "/v1/responses", "
               "/v1/responses/compact", "/v1/models", "/tokenize", "/detokenize", "/health", "/ping", "/invocations",
               "/version", "/metrics")
 _STORED_RESPONSE_ROUTES = ("input_items", "cancel")  # /v1/responses/{id}/...
+_RESPONSES_ROUTES = ("compact", "input_tokens")  # /v1/responses/...: routes of their own, no stored response's id
 _CLIENT_CLOSED_REQUEST = 499
 STATIC_DIR = Path(__file__).parent / "static"
 """The chat page served at `/` (plain HTML, CSS and JavaScript; no build step)."""
@@ -234,7 +235,10 @@ _HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 def _allowed_methods(app: FastAPI, scope: Scope) -> list[str]:
     """The methods the routes of a request's path take, for a 405's `Allow` header (RFC 9110 §15.5.6: all of them):
     Starlette's names only the first route's, and GET and HEAD, or /ping's POST, are routes of their own here. The
-    mounted page files (which answer their own 405) take none here."""
+    mounted page files (which answer their own 405) take none here. /v1/responses/compact and /input_tokens take
+    POST alone: the `{response_id}` routes that match them too refuse them (`_not_a_stored_response`)."""
+    if get_route_path(scope).removeprefix("/v1/responses/") in _RESPONSES_ROUTES:
+        return ["POST"]
     routes = [route for route in app.router.routes if not isinstance(route, Mount)]
     return [method for method in _HTTP_METHODS
             if any(route.matches({**scope, "method": method})[0] == Match.FULL for route in routes)]
@@ -264,12 +268,14 @@ def _v1_router(context: ServingContext) -> APIRouter:
         return await create_response(request, context)
 
     async def stored_response(response_id: str, request: Request) -> Response:
+        _not_a_stored_response(response_id)
         return get_response(response_id, request, context)
 
     _get_and_head(router, "/responses/{response_id}", stored_response)
 
     @router.delete("/responses/{response_id}")
     async def forget_response(response_id: str, request: Request) -> Response:
+        _not_a_stored_response(response_id)
         return delete_response(response_id, request, context)
 
     @router.post("/responses/compact")
@@ -306,6 +312,14 @@ def _v1_router(context: ServingContext) -> APIRouter:
     _get_and_head(router, "/models/{model:path}", model)
 
     return router
+
+
+def _not_a_stored_response(response_id: str) -> None:
+    """Raises HTTPException(405) for the name of a route of its own under /v1/responses (GET /v1/responses/compact):
+    `{response_id}` matches it too, and answered 404 "no stored response 'compact'" for a method that route does not
+    take."""
+    if response_id in _RESPONSES_ROUTES:
+        raise HTTPException(405)
 
 
 def _tokenizer_router(context: ServingContext) -> APIRouter:

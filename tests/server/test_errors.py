@@ -492,6 +492,18 @@ def test_a_405_allows_every_method_the_path_takes_and_names_them(server, method,
     assert error_of(response, 405)["message"] == f"Method not allowed ({method} {path}); this route takes {allowed}"
 
 
+@pytest.mark.parametrize("method", ["GET", "HEAD", "DELETE", "PUT"])
+@pytest.mark.parametrize("path", ["/v1/responses/compact", "/v1/responses/input_tokens"])
+def test_a_wrong_method_on_a_responses_route_of_its_own_is_a_405_naming_post(server, method, path):
+    """GET, HEAD or DELETE of /v1/responses/compact or /input_tokens was routed as a stored response's and answered
+    404 "no stored response 'compact'", and PUT's 405 allowed the stored response's GET, HEAD and DELETE: these paths
+    are routes of their own, which take POST alone."""
+    response = httpx.request(method, server.url + path, headers={"Authorization": f"Bearer {KEY}"})
+    assert response.status_code == 405 and response.headers["allow"] == "POST"
+    if method != "HEAD":
+        assert error_of(response, 405)["message"] == f"Method not allowed ({method} {path}); this route takes POST"
+
+
 def test_a_wrong_method_on_a_page_file_is_a_405_too(server):
     assert httpx.post(server.url + "/static/chat.js").status_code == 405
 
