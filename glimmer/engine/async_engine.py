@@ -454,7 +454,9 @@ class AsyncEngine:
             with self._queued_lock:
                 self._queued_adds -= 1
             if not accepted.set_running_or_notify_cancel():
-                return  # the caller left while its request was queued: it is never added
+                # the caller left while its request was queued: it is never added, and its completions end aborted
+                self._end_all(listener, "abort")
+                return
             prompt_token_ids, params, multimodal, controller_factory, generated, hidden_token_ids = args
             try:
                 self.engine.add_request(request_id, prompt_token_ids, params, multimodal, controller_factory,

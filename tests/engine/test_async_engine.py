@@ -174,3 +174,46 @@ def test_a_generation_config_other_than_auto_or_vllm_is_refused_before_loading(m
     # refuse it; it was taken silently, the server then taking the checkpoint's defaults
     with pytest.raises(ConfigError, match="generation_config=.*'auto' or 'vllm'"):
         AsyncEngine(EngineConfig(model="/nonexistent/checkpoint", progress=False), generation_config=mode)
+
+
+def test_a_caller_that_leaves_while_its_request_waits_to_be_added_is_counted_as_aborted(tiny_checkpoint):
+    """A request cancelled while queued for admission (a client that disconnected before the engine thread took its
+    add) was never added and never reported to `on_finished`: /metrics' `vllm:request_success_total` had no abort for
+    it, where every other aborted completion counts one."""
+    engine = AsyncEngine(EngineConfig(model=str(tiny_checkpoint), progress=False, kv_cache_memory=8 << 20))
+    finished, holding, release = [], threading.Event(), threading.Event()
+
+    def hold_the_engine_thread_after_the_first(completion) -> None:
+        finished.append(completion)
+        if len(finished) == 1:
+            holding.set()
+            release.wait(60)
+
+    engine.on_finished(hold_the_engine_thread_after_the_first)
+
+    async def read(stream) -> None:
+        async for _ in stream:
+            pass
+
+    async def leave_while_queued() -> None:
+        first = asyncio.create_task(read(engine.generate("first", PROMPT, SamplingParams(max_tokens=1))))
+        await asyncio.get_running_loop().run_in_executor(None, holding.wait, 60)  # its end is reported, not yet sent
+        queued = asyncio.create_task(anext(engine.generate("queued", PROMPT, SamplingParams(max_tokens=1, n=2))))
+        while engine.num_waiting_requests == 0:  # the task has queued its add, which the held thread cannot take
+            await asyncio.sleep(0)
+        queued.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await queued
+        release.set()
+        await first
+        await read(engine.generate("after", PROMPT, SamplingParams(max_tokens=1)))  # commands run in order
+
+    try:
+        asyncio.run(asyncio.wait_for(leave_while_queued(), 60))
+        assert [completion.finish_reason for completion in finished] == ["length", "abort", "abort", "length"]
+        left = finished[1]
+        assert left.num_generation_tokens == 0 and left.queue_time is None and left.num_prompt_tokens == len(PROMPT)
+        _assert_released(engine)
+    finally:
+        release.set()
+        engine.shutdown()
