@@ -294,14 +294,16 @@ def _cmd_make_tiny(args: argparse.Namespace) -> int:
 
 
 def _default_model_note(args: argparse.Namespace) -> str | None:
-    """What a command with no MODEL tells the user it runs: the embedded demo, or with --load-format dummy only its
-    geometry, whose random weights call no tools (the demo's blurb promised they did); None where MODEL is given."""
+    """The line a command with no MODEL tells the user what it runs: the embedded demo, or with --load-format dummy
+    only its geometry, whose random weights call no tools (the demo's blurb promised they did); None where MODEL is
+    given."""
     if args.model is not None:
         return None
     if args.load_format == "dummy":
-        return ("this is the embedded demo model glimmer-nano's geometry with random weights (--load-format dummy): "
-                "its replies are noise and it calls no tools; leave out --load-format dummy for the trained demo.")
-    return DEFAULT_MODEL_BLURB
+        return ("No MODEL given: this is the embedded demo model glimmer-nano's geometry with random weights "
+                "(--load-format dummy): its replies are noise and it calls no tools; leave out --load-format dummy "
+                "for the trained demo.")
+    return f"No MODEL given: {DEFAULT_MODEL_BLURB}"
 
 
 def _engine_from_args(args: argparse.Namespace) -> tuple[Any, str]:
@@ -425,8 +427,8 @@ def _serve(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
               f"from {llm_engine.checkpoint_dir} on {llm_engine.device} ({llm_engine.dtype}), "
               f"max_model_len {llm_engine.max_model_len}")
         if default_note is not None:
-            print(f"No MODEL given: {default_note} Run `glimmer serve MODEL` with a checkpoint directory or "
-                  "Hub id to serve a real model.")
+            print(f"{default_note} Run `glimmer serve MODEL` with a checkpoint directory or Hub id to serve a real "
+                  "model.")
         key_note = f"API key {'required' if settings.api_key else 'not required'}"
         if args.uds is not None:
             print(f"OpenAI-compatible API on the Unix socket {args.uds}: /v1 ({key_note}); /health, /metrics; "
@@ -526,7 +528,7 @@ def _run_batch_file(args: argparse.Namespace, lines: list[Any], sigterm: _Sigter
     try:
         sigterm.check()  # a SIGTERM the loading code dropped
         if default_note is not None:
-            print(f"No MODEL given: {default_note}", file=sys.stderr)
+            print(default_note, file=sys.stderr)
         # the body's `model` may name the model as `glimmer serve` does (the directory's name) or as it was given
         # here, which vLLM's run-batch serves it as
         names = tuple(args.served_model_name or dict.fromkeys([name, args.model or name]))
@@ -972,7 +974,7 @@ def _chat(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
         app = create_app(engine, ServerSettings(served_model_names=(name,), max_request_bytes=sys.maxsize))
         _check_chat_fits_context(app.state.context, args, options, tools)
         if default_note is not None:
-            print(f"No MODEL given: {default_note}")
+            print(default_note)
         with BackgroundServer(app) as server:
             run_chat(server.url, model=name, api_key=None, max_model_len=engine.engine.max_model_len, in_process=True,
                      **chat)
