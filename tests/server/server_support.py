@@ -133,7 +133,7 @@ class ServeProcess:
             raise
         finally:
             os.close(writing)
-        self._chunks: list[bytes] = []
+        self._output = bytearray()  # what the process wrote, as it comes
         self._url: str | None = None
         self._reported = threading.Event()  # the URL was read, or the output ended without it
         self._reader = threading.Thread(target=self._read, args=(reading,), daemon=True)
@@ -143,8 +143,8 @@ class ServeProcess:
         try:
             with contextlib.suppress(OSError):  # a pseudo-terminal's EIO once the process has closed its end
                 while chunk := os.read(reading, 65536):
-                    self._chunks.append(chunk)
-                    if self._url is None and (reported := _REPORTED_URL.search(b"".join(self._chunks))):
+                    self._output += chunk
+                    if self._url is None and (reported := _REPORTED_URL.search(self._output)):
                         self._url = reported[1].decode()
                         self._reported.set()
         finally:
@@ -154,7 +154,7 @@ class ServeProcess:
     @property
     def output(self) -> str:
         """What the process has written so far."""
-        return b"".join(self._chunks).decode(errors="replace")
+        return self._output.decode(errors="replace")
 
     def wait_until_serving(self, timeout_s: float = 120, *, verify: ssl.SSLContext | bool = True) -> str:
         """The URL the server reports (`http://127.0.0.1:PORT`, https with --ssl-keyfile), once its /health answers
