@@ -504,8 +504,11 @@ def test_a_wrong_method_on_a_responses_route_of_its_own_is_a_405_naming_post(ser
         assert error_of(response, 405)["message"] == f"Method not allowed ({method} {path}); this route takes POST"
 
 
-def test_a_wrong_method_on_a_page_file_is_a_405_too(server):
-    assert httpx.post(server.url + "/static/chat.js").status_code == 405
+def test_a_wrong_method_on_a_page_file_is_a_405_naming_the_methods_it_takes_too(server):
+    """The page files' 405 said only "Method Not Allowed", where every other route's names the methods it takes."""
+    response = httpx.post(server.url + "/static/chat.js")
+    assert response.headers["allow"] == "GET, HEAD"
+    assert error_of(response, 405)["message"] == "Method not allowed (POST /static/chat.js); this route takes GET, HEAD"
 
 
 @pytest.mark.parametrize("asked", ["bytes=abc", "items=0-1", "bytes=5-1", "bytes=999999999-", "bytes=0-9"])
