@@ -178,12 +178,14 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     async def client_gone(request: Request, exc: ClientDisconnected) -> Response:
         return Response(status_code=_CLIENT_CLOSED_REQUEST)
 
-    # the last added is the outermost: the generic 500 is made inside CORSMiddleware, so it carries the CORS
-    # headers every other response does (Starlette's own ServerErrorMiddleware sits outside all of them, and a
-    # browser page cannot read a response without them); the request id goes on outside CORSMiddleware, which answers
-    # a preflight itself
+    # the last added is the outermost: the generic 500 and the 431 for too many headers are made inside
+    # CORSMiddleware, so they carry the CORS headers every other response does (Starlette's own ServerErrorMiddleware
+    # sits outside all of them, and a browser page cannot read a response without them); the request id goes on
+    # outside CORSMiddleware, which answers a preflight itself
     app.add_middleware(_InternalErrors)
     app.add_middleware(_RefuseWebSockets)
+    if settings.max_header_count is not None:
+        app.add_middleware(_HeaderCountLimit, max_header_count=settings.max_header_count)
     if settings.allowed_origins:  # off by default: browsers then refuse other sites' pages the responses
         # any request header, as vLLM allows: the OpenAI JS SDK sends X-Stainless-* (and OpenAI-Organization, ...) on
         # every request, and no header can stand in for the API key, which is what guards the routes; DELETE for
@@ -194,8 +196,6 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
                            expose_headers=[REQUEST_ID_HEADER])
     if settings.request_id_headers:
         app.add_middleware(_RequestIdHeaders)
-    if settings.max_header_count is not None:
-        app.add_middleware(_HeaderCountLimit, max_header_count=settings.max_header_count)
     app.add_middleware(_RequestAccounting, metrics=context.metrics)
     return app
 
@@ -452,14 +452,16 @@ class _Cors(CORSMiddleware):
 
 class _HeaderCountLimit(_HttpMiddleware):
     """vLLM's --h11-max-header-count: a request with more header fields is answered 431 before any route reads it
-    (thousands of small headers cost the server time in every middleware and route that looks one up)."""
+    (thousands of small headers cost the server time in every middleware and route that looks one up); the
+    middlewares outside it (request accounting, the request id, CORS) each look up one header. The X-Request-Id
+    header --enable-request-id-headers made for a request that sent none is not the client's, and is not counted."""
 
     def __init__(self, app: ASGIApp, max_header_count: int):
         super().__init__(app)
         self.max_header_count = max_header_count
 
     async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        count = len(scope["headers"])
+        count = len(scope["headers"]) - (MADE_ID in scope.get("state", {}))
         if count <= self.max_header_count:
             await self.app(scope, receive, send)
             return

@@ -536,6 +536,24 @@ def test_a_refused_cors_preflight_is_an_openai_style_400_with_the_cors_headers(m
     assert "origin" in response.headers["vary"].lower()
 
 
+def test_a_431_for_too_many_headers_carries_the_cors_and_request_id_headers(make_tiny):
+    """The header count limit answered outside the CORS and request id middlewares: its 431 had no
+    Access-Control-Allow-Origin (a page could not read why it was refused) and no X-Request-Id, where every other
+    response, errors included, carries both."""
+    with live_server(make_tiny(), scripted=True, allowed_origins=("https://app.example",), request_id_headers=True,
+                     max_header_count=8) as live:
+        # httpx sends 5 of its own: 8 in all is within the limit, the id the server adds for the request not counted
+        at_the_limit = httpx.get(live.url + "/health", headers={"Origin": "https://app.example", "x-a": "1",
+                                                                "x-b": "1"})
+        assert at_the_limit.status_code == 200 and len(at_the_limit.request.headers) == 8, at_the_limit.text
+        headers = {"Origin": "https://app.example", **{f"x-extra-{i}": "1" for i in range(8)}}
+        response = httpx.get(live.url + "/health", headers=headers)
+        assert error_of(response, 431)["code"] == "request_header_fields_too_large"
+        assert response.headers["access-control-allow-origin"] == "https://app.example"
+        assert response.headers["x-request-id"]
+        assert live.metrics()['glimmer_requests_total{endpoint="/health",status="431"}'] == 1
+
+
 @pytest.mark.parametrize("path", ["/v1/realtime?model=tiny", "/v1/chat/completions"])
 def test_a_websocket_handshake_is_an_openai_style_400(server, path):
     """No route takes a WebSocket: Starlette closed the handshake, which uvicorn sent as a bodiless 403."""
