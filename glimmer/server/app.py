@@ -202,14 +202,18 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
 
 def _unknown_route(request: Request) -> str:
     """A 404's message for a path no route serves: the URL, as OpenAI's says it, and where this server serves it when
-    the client's base URL lacks its /v1 (`http://HOST:PORT` for `http://HOST:PORT/v1`, a common slip), or when a
-    route served beside /v1 (vLLM's /tokenize, /health, ...) was asked for under it (the base URL joined to it). The
-    URLs it gives are under --root-path, where the client reaches the server."""
+    the client's base URL lacks its /v1 (`http://HOST:PORT` for `http://HOST:PORT/v1`, a common slip) or has it twice
+    (`/v1/v1/chat/completions`), or when a route served beside /v1 (vLLM's /tokenize, /health, ...) was asked for
+    under it (the base URL joined to it). The URLs it gives are under --root-path, where the client reaches the
+    server."""
     root, path = _root_path(request.scope), get_route_path(request.scope)
     message = f"Invalid URL ({_request_line(request)})"
     at_root = path.removeprefix("/v1")
     if f"/v1{path}" in _ENDPOINTS:
         message += f"; this server serves {root}/v1{path}: give the client a base URL ending in /v1 " \
+                   f"(http://HOST:PORT{root}/v1)"
+    elif path.startswith("/v1/v1/") and at_root in _ENDPOINTS:  # a base URL with /v1 to a client that adds its own
+        message += f"; this server serves {root}{at_root}: give the client a base URL ending in one /v1 " \
                    f"(http://HOST:PORT{root}/v1)"
     elif path.startswith("/v1/") and at_root != "/" and at_root in _ENDPOINTS:
         message += f"; this server serves {root}{at_root} at the root, beside /v1, as vLLM does " \

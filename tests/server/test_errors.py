@@ -446,6 +446,18 @@ def test_a_client_whose_base_url_lacks_v1_is_told_where_the_route_is(server):
     assert (error["message"], error["code"]) == ("Invalid URL (GET /v1/nothing-here)", "not_found")
 
 
+def test_a_client_whose_base_url_has_v1_twice_is_told_to_give_it_once(server):
+    """A base URL ending in /v1 given to a client that adds /v1 itself (`/v1/v1/chat/completions`) was told the route
+    is served "at the root, beside /v1, as vLLM does", which is said of /tokenize and /health, not of a /v1 route."""
+    twice = openai.OpenAI(base_url=server.base_url + "/v1", api_key=KEY, max_retries=0)
+    with pytest.raises(openai.NotFoundError) as raised:
+        twice.chat.completions.create(**sdk_chat())
+    assert raised.value.body["message"] == (
+        "Invalid URL (POST /v1/v1/chat/completions); this server serves /v1/chat/completions: give the client a base "
+        "URL ending in one /v1 (http://HOST:PORT/v1)")
+    assert "ending in one /v1" in error_of(httpx.get(server.base_url + "/v1/models"), 404)["message"]
+
+
 def test_a_route_served_beside_v1_asked_for_under_it_is_told_where_the_route_is(server):
     """A client joining its base URL (`http://HOST:PORT/v1`) to vLLM's /tokenize, /health, ... got a bare 404."""
     error = error_of(post(server, {"prompt": "hi"}, path="/tokenize"), 404)
