@@ -311,9 +311,9 @@ def validate_json(model: type[BaseModel], body: bytes, hints: dict[str, str] | N
         if first["type"] == "json_invalid" and "recursion limit exceeded" in first["msg"]:
             raise _nested_too_deep(body) from None
         if first["type"] == "json_invalid":
-            surrogate = _lone_surrogate(body)
-            if surrogate is not None:
-                raise surrogate from None
+            named = _not_utf8(body) or _lone_surrogate(body)
+            if named is not None:
+                raise named from None
         raise request_error(error, _UNION_FIELD_HINTS if hints is None else hints,
                             fields=[field.alias or name for name, field in model.model_fields.items()]) from None
     refuse_duplicate_keys(body)
@@ -362,6 +362,18 @@ def _depth(value: Any) -> int:
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 """A UTF-16 surrogate in a str: Python's JSON parser reads an unpaired `\\ud800` escape into one, which no UTF-8 text
 can hold."""
+
+
+def _not_utf8(body: bytes) -> RequestError | None:
+    """The RequestError for a body that is not UTF-8 text (Latin-1 or Windows-1252, whose é is the one byte 0xe9):
+    pydantic-core refuses it as "invalid unicode code point", which says nothing of the encoding. None for UTF-8.
+    (UTF-16 and UTF-32 are refused by name before parsing, body.read_body.)"""
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError as error:
+        return RequestError(f"the request body is not UTF-8 text (byte {body[error.start]:#04x} at offset "
+                            f"{error.start}); send JSON encoded as UTF-8", param=None)
+    return None
 
 
 def _lone_surrogate(body: bytes) -> RequestError | None:

@@ -153,6 +153,24 @@ def test_a_body_in_utf16_or_utf32_is_400_saying_to_send_utf8(server, encoding, n
     assert error["message"] == f"the request body is {named} text; send JSON encoded as UTF-8"
 
 
+@pytest.mark.parametrize("path", ["/chat/completions", "/responses", "/tokenize"])
+def test_a_body_in_latin1_is_400_saying_to_send_utf8(server, path):
+    """A body in Latin-1 or Windows-1252 (an é as the one byte 0xe9) was "not valid JSON: Invalid JSON: invalid unicode
+    code point at line 1 column N", which said nothing of the encoding, as UTF-16's once did."""
+    body = chat(messages=[{"role": "user", "content": "café"}])
+    if path == "/responses":
+        body = {"model": "tiny", "input": "café"}
+    elif path == "/tokenize":
+        body = {"model": "tiny", "prompt": "café"}
+    data = json.dumps(body, ensure_ascii=False).encode("latin-1")
+    url = server.url + path if path == "/tokenize" else server.base_url + path
+    response = httpx.post(url, content=data, timeout=30,
+                          headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    error = error_of(response, 400)
+    assert error["message"] == (f"the request body is not UTF-8 text (byte 0xe9 at offset {data.index(0xE9)}); send "
+                                "JSON encoded as UTF-8")
+
+
 def nested(depth: int) -> dict:
     value: dict = {"type": "string"}
     for _ in range(depth):
