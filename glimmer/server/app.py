@@ -189,11 +189,12 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     if settings.allowed_origins:  # off by default: browsers then refuse other sites' pages the responses
         # any request header, as vLLM allows: the OpenAI JS SDK sends X-Stainless-* (and OpenAI-Organization, ...) on
         # every request, and no header can stand in for the API key, which is what guards the routes; DELETE for
-        # `DELETE /v1/responses/{id}` (the SDK's responses.delete); X-Request-Id exposed to the page's script, which
-        # a browser otherwise hides from it (the OpenAI SDKs read it as a response's `_request_id`)
+        # `DELETE /v1/responses/{id}` (the SDK's responses.delete); X-Request-Id, x-should-retry and Retry-After
+        # exposed to the page's script, which a browser otherwise hides them from (the OpenAI SDKs read the first as
+        # a response's `_request_id`, and obey the others when they decide whether and when to retry: errors.py)
         app.add_middleware(_Cors, allow_origins=list(settings.allowed_origins),
                            allow_methods=["GET", "POST", "DELETE"], allow_headers=["*"],
-                           expose_headers=[REQUEST_ID_HEADER])
+                           expose_headers=[REQUEST_ID_HEADER, "x-should-retry", "Retry-After"])
     if settings.request_id_headers:
         app.add_middleware(_RequestIdHeaders)
     app.add_middleware(_RequestAccounting, metrics=context.metrics)

@@ -566,6 +566,16 @@ def test_a_refused_cors_preflight_is_an_openai_style_400_with_the_cors_headers(m
     assert "origin" in response.headers["vary"].lower()
 
 
+def test_the_retry_headers_of_an_error_are_exposed_to_a_cross_origin_page(make_tiny):
+    """A 500's `x-should-retry: false` (which the openai SDKs obey instead of retrying twice) and a 429's or 503's
+    `Retry-After` were hidden from a page of an --allowed-origins site: a browser hides a response header CORS does
+    not expose, so the OpenAI JS SDK in the page saw no such header and retried a 500 the server said not to."""
+    with live_server(make_tiny(), scripted=True, allowed_origins=("https://app.example",)) as live:
+        response = httpx.get(live.base_url + "/models", headers={"Origin": "https://app.example"})
+    exposed = response.headers["access-control-expose-headers"].lower().split(", ")
+    assert {"x-should-retry", "retry-after"} <= set(exposed), exposed
+
+
 def test_a_431_for_too_many_headers_carries_the_cors_and_request_id_headers(make_tiny):
     """The header count limit answered outside the CORS and request id middlewares: its 431 had no
     Access-Control-Allow-Origin (a page could not read why it was refused) and no X-Request-Id, where every other

@@ -124,7 +124,7 @@ def test_request_id_headers_are_on_a_cors_preflights_answer_too_and_exposed_to_t
         assert made.status_code == 200 and made.headers["x-request-id"]
         # and a page's script may read it (the OpenAI SDKs' `_request_id`): a browser hides a header not exposed
         answer = httpx.get(server.base_url + "/models", headers={"Origin": "http://page.example"})
-        assert answer.headers["access-control-expose-headers"].lower() == "x-request-id"
+        assert "x-request-id" in answer.headers["access-control-expose-headers"].lower().split(", ")
 
 
 RESPONSE = {"model": "tiny", "input": "[long] go", "max_output_tokens": 300, "temperature": 0,
