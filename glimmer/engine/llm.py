@@ -498,13 +498,19 @@ class LLM:
         self,
         prompts: PromptType | SequenceABC[PromptType],
         params: BeamSearchParams,
+        lora_request: Any = None,
         use_tqdm: bool | Callable[..., Any] | None = False,
+        concurrency_limit: int | None = None,
     ) -> list[BeamSearchOutput]:
         """vLLM's beam search: per prompt (as `generate` takes them), a BeamSearchOutput of the `params.beam_width`
         best sequences, best first (see glimmer/engine/beam_search.py). Each step runs every live beam as a request
         for one token with `logprobs=2 * beam_width`; the prefix cache shares the prompt's and the beams' KV. A
         max_tokens past max_model_len ends the beams there, as in `generate`. `use_tqdm` (default False, as vLLM's)
-        shows the prompts whose search ended."""
+        shows the prompts whose search ended. The arguments stand in vLLM's order, so that its positional calls
+        (`beam_search(prompts, params, None, True)`) mean the same here; `lora_request` and `concurrency_limit` are
+        taken at the values that change nothing (None) and otherwise refused saying what to do instead."""
+        glimmer_arguments("LLM.beam_search", [], VLLM_ONLY_BEAM_SEARCH_ARGUMENTS,
+                          {"lora_request": lora_request, "concurrency_limit": concurrency_limit})
         check_not_forked("LLM.beam_search")
         if not isinstance(params, BeamSearchParams):
             raise RequestError(f"params must be a BeamSearchParams(beam_width=..., max_tokens=...), not "

@@ -239,6 +239,28 @@ def test_bad_arguments_of_beam_search_are_refused(llm):
     assert not llm.engine.has_unfinished_requests
 
 
+def test_beam_search_takes_vllms_arguments_in_vllms_positional_order(llm):
+    from tqdm import tqdm
+
+    made = []
+
+    def bar(*args, **kwargs):
+        made.append(kwargs)
+        return tqdm(*args, disable=True, **kwargs)
+
+    params = BeamSearchParams(beam_width=2, max_tokens=2)
+    # vLLM's order: prompts, params, lora_request, use_tqdm, concurrency_limit
+    by_position = llm.beam_search(["Hi"], params, None, bar, None)[0]
+    assert made and made[0]["total"] == 1
+    assert by_position == llm.beam_search(["Hi"], params)[0]
+    with pytest.raises(UnsupportedArgumentError, match="^lora_request: .*LoRA") as caught:
+        llm.beam_search(["Hi"], params, object())
+    assert caught.value.param == "lora_request"
+    with pytest.raises(UnsupportedArgumentError, match="^concurrency_limit: "):
+        llm.beam_search(["Hi"], params, None, False, 4)
+    assert not llm.engine.has_unfinished_requests
+
+
 def test_a_prompt_with_an_image_keeps_it_in_every_beam(make_tiny):
     from PIL import Image
 
