@@ -78,10 +78,12 @@ def generation_budget(max_model_len: int, prompt_len: int, params: SamplingParam
                       clamp_max_tokens: bool = False) -> int:
     """How many tokens a request whose prompt has `prompt_len` tokens may generate: its max_tokens, or the room
     max_model_len leaves where it sets none. `clamp_max_tokens`: a max_tokens past that room ends the output there,
-    as vLLM's offline LLM does, instead of being refused.
+    as vLLM's offline LLM does, instead of being refused; so does a min_tokens past it (vLLM's length limit ends a
+    request before its min_tokens is looked at).
 
     Raises ContextLengthError when the prompt exceeds max_model_len or leaves no room to generate (param
-    "messages"), or less room than max_tokens (param "max_tokens"); RequestError when less than min_tokens asks for.
+    "messages"), or less room than max_tokens (param "max_tokens"); RequestError when less than min_tokens asks for,
+    unless clamped.
     """
     room = max_model_len - prompt_len
     if room < 0 or (room == 0 and params.max_tokens != 0):
@@ -91,7 +93,7 @@ def generation_budget(max_model_len: int, prompt_len: int, params: SamplingParam
         max_tokens = min(max_tokens, room)
     if max_tokens > room:
         raise ContextLengthError(max_model_len, prompt_len, max_tokens)
-    if params.min_tokens > max_tokens:  # without max_tokens the context decides how many may be generated
+    if params.min_tokens > max_tokens and not clamp_max_tokens:  # without max_tokens the context decides too
         raise RequestError(
             f"min_tokens: {params.min_tokens} is more than this request can generate ({max_tokens} tokens: "
             f"the prompt's {prompt_len} leave {room} of max_model_len={max_model_len}); lower min_tokens to "

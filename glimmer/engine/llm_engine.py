@@ -807,7 +807,8 @@ class LLMEngine:
         controller_factory, if given, builds one grammar controller per completion to constrain its tokens (a
         chat turn's grammar); otherwise `params.structured_outputs`, if set, constrains the raw text.
         clamp_max_tokens: a max_tokens past max_model_len ends the output there (finish_reason "length"), as
-        vLLM's offline LLM does, instead of refusing the request as the server does (a 400).
+        vLLM's offline LLM does, instead of refusing the request as the server does (a 400); so does a min_tokens
+        past it.
         generated: how many of the last prompt ids the model generated (a beam's, in beam search): placeholder ids
         among them are embedded as decoding embeds them, not refused as the prompt's own.
         hidden_token_ids: special tokens left out of the text, as `skip_special_tokens` leaves out all (a chat reply's

@@ -100,3 +100,9 @@ def test_min_tokens_past_the_budget_is_refused_naming_min_tokens():
     with pytest.raises(RequestError, match="min_tokens: 7 is more than this request can generate") as refused:
         rules.generation_budget(16, 10, SamplingParams(max_tokens=None, min_tokens=7))
     assert refused.value.param == "min_tokens"
+
+
+def test_min_tokens_past_the_room_ends_the_output_at_the_context_when_clamped():
+    """vLLM's offline LLM: its length limit ends a request before min_tokens is looked at (v1 `check_stop`)."""
+    assert rules.generation_budget(16, 10, SamplingParams(max_tokens=None, min_tokens=7), clamp_max_tokens=True) == 6
+    assert rules.generation_budget(16, 10, SamplingParams(max_tokens=8, min_tokens=7), clamp_max_tokens=True) == 6

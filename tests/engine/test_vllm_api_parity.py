@@ -458,6 +458,14 @@ def test_generate_stops_at_max_model_len_instead_of_refusing(llm):
     assert len(unbounded.token_ids) == 4
 
 
+def test_generate_stops_at_max_model_len_under_a_min_tokens_past_it_as_vllm(llm):
+    prompt = [llm.get_tokenizer().bos_token_id] + [10] * (llm.engine.max_model_len - 5)
+    for max_tokens in (16, None):
+        out = llm.generate([prompt], SamplingParams(max_tokens=max_tokens, min_tokens=8))[0].outputs[0]
+        assert len(out.token_ids) == 4 and out.finish_reason == "length"
+        assert not set(out.token_ids) & set(llm.engine.generation_defaults.stop_token_ids)  # held off to the end
+
+
 def test_a_prompt_that_fills_max_model_len_is_refused_naming_it(llm):
     with pytest.raises(RequestError) as caught:
         llm.generate([[10] * llm.engine.max_model_len], SamplingParams(max_tokens=1))
