@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import urlsplit
 
-from glimmer.default_model import DEFAULT_MODEL_BLURB
+from glimmer.default_model import DEFAULT_MODEL_BLURB, DEFAULT_MODEL_NAME
 from glimmer.engine.sampling_params import SEED_RANGE
 from glimmer.errors import ConfigError, GlimmerError, RequestError
 from glimmer.multimodal.settings import NOT_A_HOST_NAME, MediaFetchPolicy, MediaLimits, host_name
@@ -1477,6 +1477,7 @@ def _check_vllm_options(args: argparse.Namespace, options: Mapping[str, Any], ar
     rule in `arguments`, a table of vllm_arguments); otherwise a line for each given one, saying what Glimmer does in
     its place (`--response-role assistant` too, though it takes no other value)."""
     notes = []
+    model = args.model if args.model is not None else DEFAULT_MODEL_NAME  # `--tokenizer glimmer-nano` names it
     for flag in options:
         dest = flag[2:].replace("-", "_")
         if not hasattr(args, dest):
@@ -1489,7 +1490,7 @@ def _check_vllm_options(args: argparse.Namespace, options: Mapping[str, Any], ar
             shown = f"{flag} {options[flag]['metavar']}"
         else:
             shown = f"{flag} {_shown_value(value)}"
-        if not argument.changes_nothing(value, {"model": args.model}):
+        if not argument.changes_nothing(value, {"model": model}):
             raise UsageError(f"{shown}: {argument.instead}")
         notes.append(f"vLLM's {shown} changes nothing here: {argument.instead}")
     return notes

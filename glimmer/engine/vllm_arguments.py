@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
+from glimmer.default_model import embedded_model_dir
 from glimmer.errors import UnsupportedArgumentError
 
 ChangesNothing = Callable[[Any, Mapping[str, Any]], bool]
@@ -66,15 +67,23 @@ def _max_logprobs_changes_nothing(value: object, given: Mapping[str, Any]) -> bo
     return type(value) is int and value == MAX_LOGPROBS
 
 
+def _checkpoint_location(model: str | os.PathLike) -> Path:
+    """Where `model` is read from, as checkpoint.resolve finds it: an existing directory, else the embedded model of
+    that name (`glimmer-nano`), else the path as written."""
+    path = Path(model).expanduser()
+    embedded = None if path.is_dir() else embedded_model_dir(str(model))
+    return embedded if embedded is not None else path
+
+
 def _tokenizer_changes_nothing(value: object, given: Mapping[str, Any]) -> bool:
     """None, or the model itself: the same string, or a path to the same file or directory (`./model/` for `model`,
-    a str for a Path)."""
+    a str for a Path, the embedded model's directory for `glimmer-nano`)."""
     model = given.get("model")
     if value is None or value == model:
         return True
     if not isinstance(value, str | os.PathLike) or not isinstance(model, str | os.PathLike):
         return False
-    tokenizer_path, model_path = Path(value).expanduser(), Path(model).expanduser()
+    tokenizer_path, model_path = _checkpoint_location(value), _checkpoint_location(model)
     return tokenizer_path.exists() and model_path.exists() and tokenizer_path.resolve() == model_path.resolve()
 
 

@@ -243,6 +243,15 @@ def test_a_tokenizer_naming_the_models_directory_another_way_is_taken(tiny_check
         LLM(tiny_checkpoint, progress=False, tokenizer=str(tiny_checkpoint.parent))
 
 
+def test_a_tokenizer_naming_the_embedded_models_directory_is_taken():
+    """LLM("glimmer-nano", tokenizer=DIR), DIR the embedded model's directory, was refused as another tokenizer."""
+    from glimmer.default_model import default_model_dir
+
+    LLM("glimmer-nano", progress=False, kv_cache_memory="8MiB", tokenizer=str(default_model_dir()))
+    with pytest.raises(UnsupportedArgumentError, match="model's directory"):
+        LLM("glimmer-nano", progress=False, tokenizer="glimmer-nano-dflash")
+
+
 def test_vllm_engine_arguments_that_change_nothing_are_taken(tiny_checkpoint):
     llm = LLM(str(tiny_checkpoint), progress=False, tensor_parallel_size=1, trust_remote_code=True,
               tokenizer=str(tiny_checkpoint), quantization=None, kv_cache_dtype="auto", swap_space=4,

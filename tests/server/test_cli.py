@@ -175,6 +175,32 @@ def test_vllm_engine_options_at_values_that_change_nothing_are_noted():
         notes)
 
 
+@pytest.mark.parametrize(("model", "tokenizer"), [([], "glimmer-nano"), ([], "embedded"),
+                                                 (["glimmer-nano"], "embedded")])
+def test_a_tokenizer_naming_the_embedded_model_is_taken(model, tokenizer):
+    """`glimmer serve --tokenizer glimmer-nano` (no MODEL: the embedded model) and `glimmer serve glimmer-nano
+    --tokenizer DIR` (DIR its directory) were refused as another tokenizer than the model's."""
+    from glimmer.cli import _VLLM_SERVE_OPTIONS, _check_vllm_options
+    from glimmer.default_model import default_model_dir
+    from glimmer.engine.vllm_arguments import VLLM_ONLY_LLM_ARGUMENTS
+
+    tokenizer = str(default_model_dir()) if tokenizer == "embedded" else tokenizer
+    args = build_parser().parse_args(["serve", *model, "--tokenizer", tokenizer])
+    notes = _check_vllm_options(args, _VLLM_SERVE_OPTIONS, VLLM_ONLY_LLM_ARGUMENTS)
+    assert notes == [f"vLLM's --tokenizer {tokenizer} changes nothing here: the tokenizer is read from the model's "
+                     "directory (tokenizer.json, or a GGUF's own); leave it out"]
+
+
+def test_a_tokenizer_other_than_the_embedded_model_is_refused_without_model(tiny_checkpoint):
+    from glimmer.cli import _VLLM_SERVE_OPTIONS, UsageError, _check_vllm_options
+    from glimmer.engine.vllm_arguments import VLLM_ONLY_LLM_ARGUMENTS
+
+    for tokenizer in (str(tiny_checkpoint), "glimmer-nano-dflash"):
+        args = build_parser().parse_args(["serve", "--tokenizer", tokenizer])
+        with pytest.raises(UsageError, match="model's directory"):
+            _check_vllm_options(args, _VLLM_SERVE_OPTIONS, VLLM_ONLY_LLM_ARGUMENTS)
+
+
 @pytest.mark.parametrize("command", ["serve", "chat", "run-batch"])
 def test_vllm_engine_options_that_change_nothing_are_noted_once_on_stderr(capsys, tmp_path, command):
     """The notes of vLLM's engine options taken (--scheduling-policy fcfs, ...) were computed and dropped: serve,
