@@ -105,7 +105,7 @@ class ChatOutput:
     the same way, each with its own one-completion `output`. `output` is the turn as generated, special tokens
     (its framing) included whatever `skip_special_tokens` says; that applies to the parsed fields (P-REQ-1).
     What vLLM code reads of the RequestOutput its `LLM.chat` returns (`outputs`, `prompt`, `prompt_token_ids`,
-    `request_id`, `num_cached_tokens`, `prompt_logprobs`, `metrics`) is `output`'s, so such code runs:
+    `request_id`, `num_cached_tokens`, `prompt_logprobs`, `metrics`, `finished`) is `output`'s, so such code runs:
     `outputs[0].text` is the raw turn there as here, `content` the answer."""
 
     reasoning: str | None
@@ -145,6 +145,10 @@ class ChatOutput:
     @property
     def metrics(self) -> RequestMetrics | None:
         return self.output.metrics
+
+    @property
+    def finished(self) -> bool:
+        return self.output.finished
 
     @property
     def finish_reason(self) -> str | None:

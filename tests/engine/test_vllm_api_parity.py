@@ -927,8 +927,9 @@ def test_logprobs_zero_hold_the_token_alone_as_vllms(llm):
 
 def test_chat_outputs_read_as_vllms_request_outputs(llm):
     """vLLM's LLM.chat returns RequestOutputs, and its scripts read `out.outputs[0].text`: an AttributeError on a
-    ChatOutput; what they read is the raw output's."""
+    ChatOutput; what they read is the raw output's (`finished` too, which vLLM's loops test)."""
     reply = llm.chat(MESSAGES, SamplingParams(max_tokens=4, n=2, seed=1, prompt_logprobs=0))[0]
+    assert reply.finished is reply.output.finished is True
     assert reply.outputs is reply.output.outputs and len(reply.outputs) == 2
     assert [o.text for o in reply.outputs] == [choice.output.outputs[0].text for choice in reply.choices]
     assert (reply.prompt, reply.prompt_token_ids, reply.request_id, reply.num_cached_tokens, reply.prompt_logprobs) == (
