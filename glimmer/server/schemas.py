@@ -427,6 +427,25 @@ _RENAMED_FIELDS = {"max_tokens": ("max_output_tokens", "max_completion_tokens"),
                    "max_output_tokens": ("max_completion_tokens", "max_tokens")}
 
 
+# the field that carries a request's input on each endpoint: a body missing its own and sending another's was posted
+# to the wrong endpoint (a chat body to /v1/completions)
+_INPUT_FIELD_ENDPOINTS = {"messages": "/v1/chat/completions", "prompt": "/v1/completions", "input": "/v1/responses"}
+
+
+def _posted_to_another_endpoint(errors: list[Any]) -> RequestError | None:
+    """The RequestError for a body whose endpoint's input field (`prompt`) is missing and that sends another
+    endpoint's (`messages`, an unknown field here); None for any other body."""
+    missing = [error["loc"][0] for error in errors if error["type"] == "missing" and len(error["loc"]) == 1]
+    sent = [error["loc"][0] for error in errors if error["type"] == "extra_forbidden" and len(error["loc"]) == 1]
+    own = next((name for name in missing if name in _INPUT_FIELD_ENDPOINTS), None)
+    other = next((name for name in sent if name in _INPUT_FIELD_ENDPOINTS), None)
+    if own is None or other is None:
+        return None
+    return RequestError(f"{own}: missing, and `{other}` is a {_INPUT_FIELD_ENDPOINTS[other]} field: send this body "
+                        f"to {_INPUT_FIELD_ENDPOINTS[other]}, or give {own} (this endpoint is "
+                        f"{_INPUT_FIELD_ENDPOINTS[own]})", param=own)
+
+
 def _did_you_mean(name: str, fields: Collection[str]) -> str:
     """' (did you mean FIELD?)' for an unknown top-level field that is another endpoint's name of one of `fields` or
     a misspelling of one; '' otherwise."""
@@ -446,6 +465,9 @@ def request_error(error: ValidationError, hints: dict[str, str] = _UNION_FIELD_H
         return RequestError(f"the request body is not valid JSON: {first['msg']}", param=None)
     if not loc:
         return RequestError("the request body must be a JSON object", param=None)
+    wrong_endpoint = _posted_to_another_endpoint(error.errors(include_url=False))
+    if wrong_endpoint is not None:
+        return wrong_endpoint
     param = _field_path(loc)
     if first["type"] == "extra_forbidden":
         hint = _did_you_mean(param, fields) if len(loc) == 1 else ""

@@ -236,6 +236,22 @@ def test_a_key_given_twice_in_one_object_is_400_naming_it(server, path, body, pa
     assert error["param"] == param and error["message"].startswith(f"{param}: given more than once")
 
 
+@pytest.mark.parametrize(("path", "body", "param", "endpoint"), [
+    ("/completions", {"model": "tiny", "messages": MESSAGES}, "prompt", "/v1/chat/completions"),
+    ("/chat/completions", {"model": "tiny", "prompt": "hi"}, "messages", "/v1/completions"),
+    ("/chat/completions", {"model": "tiny", "input": "hi"}, "messages", "/v1/responses"),
+    ("/responses", {"model": "tiny", "messages": MESSAGES}, "input", "/v1/chat/completions"),
+])
+def test_a_body_posted_to_another_endpoint_is_400_naming_the_endpoint_it_belongs_to(server, path, body, param,
+                                                                                    endpoint):
+    """A chat body posted to /v1/completions was told `prompt: must be a string, a list of strings, ...`, and a
+    completion body posted to chat `messages: Field required`: neither said the body was sent to the wrong URL."""
+    error = error_of(post(server, body, path=path), 400)
+    assert error["param"] == param
+    assert error["message"].startswith(f"{param}: missing, and `{next(iter(set(body) - {'model'}))}` is a {endpoint} "
+                                       f"field: send this body to {endpoint}")
+
+
 def test_a_key_repeated_across_sibling_objects_is_no_duplicate(server):
     body = f'{{"model": "tiny", "messages": [{USER}, {{"role": "assistant", "content": "yo"}}, {USER}], ' \
            '"max_tokens": 2, "chat_template_kwargs": {"current_date": "2026-01-01"}}'
