@@ -242,6 +242,22 @@ def test_readme_shell_commands_parse():
     assert checked == set(parsers)
 
 
+@pytest.mark.parametrize("module", ["glimmer.train_nano.__main__", "glimmer.train_nano.evaluate"])
+def test_the_readme_names_every_option_of_the_training_commands(module):
+    """`python -m glimmer.train_nano`'s --workers, --seed, --conversations, --batch-tokens, --target-steps,
+    --drafter-steps and --drafter-conversations, and the evaluation's --seed and --show-failures, were only in
+    --help (the `glimmer` commands' options are checked in tests/server/test_cli.py)."""
+    import importlib
+
+    text = README.read_text()
+    start = text.index("## The embedded model: glimmer-nano")
+    section = text[start:text.index("\n## ", start)]
+    parser = importlib.import_module(module).build_parser()
+    options = [option for action in parser._actions for option in action.option_strings
+               if option.startswith("--") and option != "--help"]
+    assert options and [option for option in options if f"`{option}" not in section] == []
+
+
 def test_the_api_key_a_serve_command_takes_is_the_one_the_client_blocks_read():
     """The Server section started the server with `--api-key $KEY` and its client read `GLIMMER_API_KEY`: run as
     written, the client sent "none" and got HTTP 401. Each `--api-key $VAR` is a variable the README's clients read."""
