@@ -1644,6 +1644,16 @@ def test_a_hub_model_after_the_api_keys_is_refused_naming_it(capsys, monkeypatch
                          "put MODEL first: glimmer serve owner/name --api-key ...")
 
 
+@pytest.mark.parametrize("model", ["glimmer-nano", "glimmer-nano-dflash"])
+def test_the_embedded_model_after_the_api_keys_is_refused_naming_it(capsys, monkeypatch, model):
+    """`glimmer serve --api-key $KEY glimmer-nano` served the default model, glimmer-nano, behind two keys, one of
+    them the model's name, which anyone could then send."""
+    monkeypatch.setattr("glimmer.cli._engine_from_args", lambda args: pytest.fail(f"{args.model} was loaded"))
+    _fails_with_one_line(capsys, ["serve", "--port", str(free_port()), "--api-key", "sk-1", model],
+                         f"--api-key took the model {model} as one of its values",
+                         f"put MODEL first: glimmer serve {model} --api-key ...")
+
+
 @pytest.mark.parametrize(("flags", "words"), [
     (["--served-model-name", ""], "--served-model-name: a name is empty"),
     (["--allowed-origins", ""], "--allowed-origins : not a web origin"),
