@@ -1136,6 +1136,11 @@ def _check_serve_options(args: argparse.Namespace) -> None:
                          "default), or 0.0.0.0 for every interface")
     if args.api_key is not None and not all(key.strip() for key in args.api_key):  # `--api-key "$KEY"`, KEY unset
         raise UsageError("--api-key is empty; give the key clients must send, or leave it out to serve without one")
+    # the variable _serve_api_key reads the key from
+    variable = next((name for name in ("GLIMMER_API_KEY", "VLLM_API_KEY") if os.environ.get(name)), None)
+    if args.api_key is None and variable is not None and not os.environ[variable].strip():
+        raise UsageError(f"${variable} is blank (whitespace only); set it to the key clients must send, or unset it "
+                         "to serve without one")
     if args.metrics_require_api_key and not _serve_api_key(args):
         raise UsageError("--metrics-require-api-key needs a key to require; give --api-key (or GLIMMER_API_KEY)")
     _check_served_model_names(args)

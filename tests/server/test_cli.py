@@ -1787,6 +1787,20 @@ def test_serve_requires_vllms_api_key_from_the_environment(monkeypatch, flags, e
     assert _serve_api_key(build_parser().parse_args(["serve", *flags])) == key
 
 
+@pytest.mark.parametrize(("env", "named"), [({"GLIMMER_API_KEY": " \n"}, "GLIMMER_API_KEY"),
+                                           ({"GLIMMER_API_KEY": "", "VLLM_API_KEY": "\n"}, "VLLM_API_KEY")])
+def test_serve_refuses_a_blank_api_key_variable_naming_it(capsys, monkeypatch, tmp_path, env, named):
+    """A key variable holding only whitespace (a secret file with its newline alone) was refused after the model loaded,
+    as "ConfigError: api_key must not be empty", naming no option the user gave nor the variable."""
+    for name in ("GLIMMER_API_KEY", "VLLM_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    err = _fails_with_one_line(capsys, ["serve", str(tmp_path / "no-such-model"), "--port", str(free_port())],
+                               f"${named} is blank (whitespace only)", "unset it to serve without one")
+    assert "no-such-model" not in err
+
+
 def test_metrics_require_api_key_takes_vllms_api_key_from_the_environment(capsys, monkeypatch, tmp_path):
     monkeypatch.delenv("GLIMMER_API_KEY", raising=False)
     monkeypatch.setenv("VLLM_API_KEY", "vllm-key")
