@@ -160,8 +160,16 @@ INSPECT_EXIT_STATUS = ("exit status: 0 when the checkpoint loads as serve would 
                        "stderr) or the command line is wrong")
 
 
+def _refuse_a_missing_chat_template(args: argparse.Namespace) -> None:
+    """UsageError for a --chat-template that is no file, named by the flag, before a checkpoint is read."""
+    if args.chat_template is not None and not Path(args.chat_template).expanduser().is_file():
+        raise UsageError(f"--chat-template {args.chat_template}: no such file; give the path of a Jinja chat "
+                         "template file, or leave it out for the checkpoint's own template")
+
+
 def _cmd_inspect(args: argparse.Namespace) -> int:
     _refuse_empty_argument(args.model, "MODEL", "give the checkpoint directory, .gguf file or Hub id to inspect")
+    _refuse_a_missing_chat_template(args)
     import torch
 
     from glimmer.checkpoint.inspect import inspect_checkpoint
@@ -815,9 +823,7 @@ def _check_engine_options(args: argparse.Namespace) -> None:
         raise UsageError(f"--seed {args.seed} is out of range; give an integer from -2**63 to 2**64 - 1")
     if args.device is not None:
         _check_device(args.device)
-    if args.chat_template is not None and not Path(args.chat_template).expanduser().is_file():
-        raise UsageError(f"--chat-template {args.chat_template}: no such file; give the path of a Jinja chat "
-                         "template file, or leave it out for the checkpoint's own template")
+    _refuse_a_missing_chat_template(args)
     if args.max_waiting_requests < 1:
         raise UsageError(f"--max-waiting-requests {args.max_waiting_requests} would refuse every request with HTTP "
                          "429; give at least 1")

@@ -93,6 +93,16 @@ def test_inspect_checks_the_chat_template_serve_would_be_given(tiny_checkpoint, 
     assert json.loads(capsys.readouterr().out)["chat_template"]["origin"] == f"--chat-template {good}"
 
 
+def test_inspect_refuses_a_missing_chat_template_naming_the_flag_and_the_fix(tiny_checkpoint, tmp_path, capsys):
+    """It said "CheckpointError: chat template file PATH does not exist", naming neither the flag nor what to do, where
+    serve refuses the same --chat-template naming both (and a Hub id would have been downloaded first)."""
+    missing = tmp_path / "missing.jinja"
+    assert main(["inspect", str(tiny_checkpoint), "--chat-template", str(missing)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"glimmer: error: --chat-template {missing}: no such file; give the path of a Jinja chat template file, or "
+        "leave it out for the checkpoint's own template")
+
+
 def test_a_checkpoint_template_that_does_not_compile_is_named_by_its_file(tiny_checkpoint, tmp_path, capsys):
     """A broken chat_template.jinja is the checkpoint's fault: inspect and LLM.chat name the file and the fix, where
     the bare template error read like a request's."""
