@@ -194,7 +194,8 @@ def _text_config(file: GGUFFile) -> tuple[TextConfig, list[str]]:
 
     def optional(name: str) -> float:
         if file.has(_key(name)):
-            return file.number(_key(name))
+            # an integer key (the window, a UINT32 in llama.cpp) is read as one, not truncated from a float
+            return file.integer(_key(name)) if isinstance(_OPTIONAL_DEFAULTS[name], int) else file.number(_key(name))
         defaulted.append(f"{_key(name)}={_OPTIONAL_DEFAULTS[name]!r}")
         return _OPTIONAL_DEFAULTS[name]
 
@@ -251,7 +252,7 @@ def _text_config(file: GGUFFile) -> tuple[TextConfig, list[str]]:
             post_norm_eps=POST_NORM_EPS,
             rope_theta=theta,
             rope_scaling=None,  # a GGUF asking for scaled RoPE is refused (refuse_rope_scaling)
-            sliding_window=int(optional("attention.sliding_window")),
+            sliding_window=optional("attention.sliding_window"),
             layer_types=layer_types,
             # llama.cpp applies RoPE exactly on the sliding-window layers (muse-glimmer.cpp: use_rope = is_swa)
             rope_layers=tuple(t == "sliding_attention" for t in layer_types),

@@ -306,6 +306,19 @@ def test_a_sliding_window_period_gives_llama_cpps_layer_types(f32_gguf, tmp_path
                            logits(load_model(f32_gguf, progress=False).model))
 
 
+@pytest.mark.parametrize("window", [16.5, float("nan")], ids=["fraction", "nan"])
+def test_a_sliding_window_that_is_not_an_integer_is_refused_naming_the_key(f32_gguf, tmp_path, window):
+    """llama.cpp reads attention.sliding_window as a UINT32; Glimmer read any number and cut it to an integer, so a
+    window of 16.5 ran as 16, a silently other model, and a NaN failed with a bare ValueError."""
+    from test_gguf_hostile import _rewrite
+
+    key = "muse-glimmer.attention.sliding_window"
+    path = _rewrite(f32_gguf, tmp_path / "float-window.gguf", {}, drop=(key,), add={key: (window, _FLOAT)})
+    with pytest.raises(CheckpointError) as err:
+        load_model(path, progress=False)
+    assert str(err.value) == f"{path}: metadata {key} is FLOAT32, expected an integer"
+
+
 @pytest.mark.parametrize(("field", "value", "key"), [("temperature", -1.0, "general.sampling.temp"),
                                                      ("top_p", 0.0, "general.sampling.top_p"),
                                                      ("min_p", 1.5, "general.sampling.min_p"),
