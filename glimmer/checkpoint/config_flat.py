@@ -189,8 +189,9 @@ def _read_flat_vision(section: Section, head: Fields) -> Callable[[], VisionConf
         hidden = positive_int(values["hidden_size"], names["hidden_size"], notes)
         n = layer_count(values["num_hidden_layers"], names["num_hidden_layers"], notes)
         ratio = values["vision_mlp_ratio"]
-        if not is_number(ratio) or ratio <= 0:
-            raise notes.error(f"vision_mlp_ratio={ratio!r} is invalid; expected a positive number")
+        # NaN and infinity (Python's json reads them) give no width: round() would fail on them with a bare error
+        if not is_number(ratio) or ratio <= 0 or not math.isfinite(ratio * hidden):
+            raise notes.error(f"vision_mlp_ratio={ratio!r} is invalid; expected a positive finite number")
         width = ratio * hidden
         if abs(width - round(width)) > 1e-6:
             raise notes.error(

@@ -895,6 +895,15 @@ def test_vision_geometry_that_cannot_form_the_weights_is_refused():
     expect_error(raw, "vision_pos_emb_grid_h=4 and vision_pos_emb_grid_w=8 differ", "square")
 
 
+@pytest.mark.parametrize("ratio", [float("nan"), float("inf"), 1e308], ids=["nan", "infinity", "infinite-width"])
+@pytest.mark.parametrize("layout", ["flat", "vendor"])
+def test_a_vision_mlp_ratio_giving_no_finite_width_is_refused_naming_it(layout, ratio):
+    """config.json's NaN and Infinity, which Python's json reads, passed the positive-number check and failed in
+    round() with a bare ValueError or OverflowError (a traceback from `glimmer inspect`), naming no field."""
+    raw = json.loads(json.dumps(config_to_dict(tiny_model(), layout) | {"vision_mlp_ratio": ratio}))
+    expect_error(raw, f"vision_mlp_ratio={ratio!r} is invalid; expected a positive finite number")
+
+
 def test_canonical_qk_scale_in_the_raw_convention_is_refused():
     raw = config_to_dict(tiny_model(), "canonical")
     raw["text_config"]["qk_scale_factor"] = 15.48  # 3.87·√16
