@@ -402,6 +402,9 @@ class ModelConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ConfigError(f"{name}={value!r} is invalid; a checkpoint with a vision tower needs it")
+        if self.projector_hidden_size == 0:  # 0 is a token id, but a layer of no width
+            raise ConfigError("projector_hidden_size=0 is invalid; expected a positive integer, the width of the "
+                              "vision adapter's layers")
         merged = self.vision.hidden_size * self.vision.merge_size**2
         if self.out_hidden_size != merged:
             # the vision fields by their values: ModelConfig's errors rename only their leading field as the file

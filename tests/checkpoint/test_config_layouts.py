@@ -895,6 +895,15 @@ def test_vision_geometry_that_cannot_form_the_weights_is_refused():
     expect_error(raw, "vision_pos_emb_grid_h=4 and vision_pos_emb_grid_w=8 differ", "square")
 
 
+@pytest.mark.parametrize(("layout", "key"), [("canonical", "projector_hidden_size"), ("flat", "vision_adapter_dim"),
+                                             ("vendor", "vision_adapter_dim")])
+def test_a_vision_adapter_of_no_width_is_refused_naming_its_field(layout, key):
+    """A width of 0 passed the check that lets token ids be 0: the config loaded, with --load-format dummy a model
+    whose adapter has no weights, and with the weights a list of shape mismatches naming the tensors, not the field."""
+    raw = config_to_dict(tiny_model(), layout) | {key: 0}
+    expect_error(raw, f"{key}=0 is invalid; expected a positive integer, the width of the vision adapter's layers")
+
+
 @pytest.mark.parametrize("ratio", [float("nan"), float("inf"), 1e308], ids=["nan", "infinity", "infinite-width"])
 @pytest.mark.parametrize("layout", ["flat", "vendor"])
 def test_a_vision_mlp_ratio_giving_no_finite_width_is_refused_naming_it(layout, ratio):
