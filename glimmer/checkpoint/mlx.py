@@ -142,7 +142,8 @@ def _parse_quantization(spec: dict[str, Any], name: str, source: Path) -> _Quant
     group, bits = spec.get("group_size"), spec.get("bits")
     if not isinstance(group, int) or isinstance(group, bool) or group <= 0:
         raise CheckpointError(f"{source}: {name}.group_size={group!r} is invalid; expected a positive integer")
-    if bits not in _SUPPORTED_BITS:
+    # 4.0 is "in" the tuple but no bit count: the unpacking's shifts need an integer
+    if not isinstance(bits, int) or isinstance(bits, bool) or bits not in _SUPPORTED_BITS:
         raise CheckpointError(f"{source}: {name}.bits={bits!r} is invalid; MLX affine quantization uses "
                               f"{list(_SUPPORTED_BITS)}")
     return _Quantization(group, bits)

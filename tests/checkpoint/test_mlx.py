@@ -271,6 +271,19 @@ def test_a_quantized_module_missing_its_scales_or_biases_names_them(tiny_checkpo
     assert lines[-1].startswith("  fix: the artifact is incomplete")
 
 
+def test_a_bit_width_that_is_not_an_integer_is_refused_naming_it(tiny_checkpoint, tmp_path):
+    """QA: `"bits": 4.0` (a config.json edited or written by another tool) passed the check, 4.0 == 4, and loading
+    failed in the unpacking with a bare TypeError (unsupported operand type(s) for <<: 'int' and 'float')."""
+    artifact = export_mlx_artifact(tiny_checkpoint, tmp_path / "mlx", canonical_state(tiny_checkpoint), bits=4)
+    config = json.loads((artifact / "config.json").read_text())
+    config["quantization"]["bits"] = bits = 4.0
+    (artifact / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError) as err:
+        load_model(artifact, progress=False)
+    assert str(err.value) == (f"{artifact / 'config.json'}: quantization.bits={bits!r} is invalid; MLX affine "
+                              "quantization uses [2, 3, 4, 5, 6, 8]")
+
+
 def test_a_module_quantized_in_another_mode_is_refused_naming_its_mode(tiny_checkpoint, tmp_path):
     """mlx-lm's mixed recipes may give a module its own mode; an mxfp4 module (codes with e8m0 scales and no biases)
     was reported as a quantized module missing its biases, "the artifact is incomplete: copy it again"."""
