@@ -319,6 +319,24 @@ def test_a_sliding_window_that_is_not_an_integer_is_refused_naming_the_key(f32_g
     assert str(err.value) == f"{path}: metadata {key} is FLOAT32, expected an integer"
 
 
+def test_sampling_defaults_glimmer_does_not_read_are_named_in_one_warning(f32_gguf, tmp_path, caplog):
+    """llama.cpp's converter writes general.sampling.penalty_repeat (its penalty over the last penalty_last_n tokens,
+    not transformers' repetition_penalty) and the like; Glimmer left them out without a word, where the muse-glimmer.*
+    keys it does not read are named in a warning."""
+    from test_gguf_hostile import _rewrite
+
+    path = _rewrite(f32_gguf, tmp_path / "penalty.gguf", {}, add={
+        "general.sampling.penalty_repeat": (1.1, _FLOAT),
+        "general.sampling.penalty_last_n": (64, gguf.GGUFValueType.INT32)})
+    with caplog.at_level("WARNING", logger="glimmer.checkpoint.gguf_tokenizer"):
+        llm = LLM(str(path))
+    warned = [r.getMessage() for r in caplog.records if "sampling defaults Glimmer does not read" in r.getMessage()]
+    assert warned == [f"{path}: ignoring sampling defaults Glimmer does not read (llama.cpp's own samplers; set them "
+                      "in each request where Glimmer has one): general.sampling.penalty_last_n, "
+                      "general.sampling.penalty_repeat"]
+    assert "repetition_penalty" not in llm.engine.generation_defaults.sampling_defaults()
+
+
 @pytest.mark.parametrize(("field", "value", "key"), [("temperature", -1.0, "general.sampling.temp"),
                                                      ("top_p", 0.0, "general.sampling.top_p"),
                                                      ("min_p", 1.5, "general.sampling.min_p"),
