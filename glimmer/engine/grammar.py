@@ -42,6 +42,7 @@ from glimmer.protocol.schema_bounds import empty_bounds, endless_reference
 from glimmer.protocol.tokens import EOM, EOT, MESSAGE
 from glimmer.protocol.turn_grammar import (
     ANSWER_HEADER,
+    JSON_LAYOUT,
     TurnConstraint,
     laid_out_schema,
     lark_string,
@@ -650,6 +651,7 @@ def answer_grammar(params: StructuredOutputsParams, param: str = "structured_out
         try:
             _refuse_integer_past_float_range(schema, param)
             _refuse_endless_reference(schema, param)
+            _refuse_a_layout_of_its_own(schema, param)
             if params.strict:
                 _refuse_what_the_engine_cannot_enforce(schema, param)
             return {"json_schema": laid_out_schema(schema, strict=bool(params.strict))}
@@ -919,6 +921,22 @@ def _refuse_endless_reference(schema: Mapping[str, Any], param: str) -> None:
                            "recursion an end: an optional property, an anyOf branch without the $ref, or an array "
                            "that may be empty", param=f"{param}{path}")
 
+
+def _refuse_a_layout_of_its_own(schema: Mapping[str, Any], param: str) -> None:
+    """RequestError(param) for a schema whose own engine options (`x-guidance`) lay the JSON out other than
+    `JSON_LAYOUT`, strict or not: they would win over it, and a separator of their own (`item_separator: ";"`) wrote
+    text that is not JSON at all, free whitespace let the model loop on it, where the output is promised to be JSON
+    laid out as json.dumps writes it (as vLLM's `whitespace_pattern` and `disable_any_whitespace` are refused)."""
+    options = schema.get("x-guidance")
+    for option in _LAYOUT_OPTIONS if isinstance(options, Mapping) else ():
+        if option in options and options[option] != JSON_LAYOUT.get(option):
+            raise RequestError(f"{param}: x-guidance.{option} {options[option]!r} would lay the JSON out other than "
+                               "json.dumps writes it (', ' and ': ', no other whitespace), as Glimmer always does (a "
+                               "separator of its own is not even JSON); leave it out", param=param)
+
+
+_LAYOUT_OPTIONS = ("item_separator", "key_separator", "whitespace_flexible", "whitespace_pattern")
+"""The grammar engine's schema options that lay JSON out (`JSON_LAYOUT` sets all but `whitespace_pattern`)."""
 
 _RELAXING_OPTIONS = ("lenient", "coerce_one_of")
 """The grammar engine's schema options (a schema's own `x-guidance`, which win over Glimmer's) that relax it: ignore

@@ -1176,3 +1176,28 @@ def test_a_forced_calls_json_value_is_steered_around_a_framing_marker(compiler, 
             and tokenizer.token_bytes(t).startswith(b"|")}
     after_open = set(_allowed_after(controller, tokenizer.encode(prefix) + tokenizer.encode_text("<")))
     assert bars and not after_open & bars and tokenizer.encode_text("a")[0] in after_open
+
+
+@pytest.mark.parametrize(("option", "value", "broken"), [
+    ("item_separator", ";", '{"a": 1;"b": 2}'),
+    ("key_separator", "=", '{"a"=1}'),
+    ("whitespace_flexible", True, '{ "a" :   1 }'),
+    ("whitespace_pattern", "[ x]*", '{x"a": 1}'),
+])
+@pytest.mark.parametrize("strict", [True, False])
+def test_a_schema_whose_own_engine_options_lay_the_json_out_otherwise_is_refused_naming_them(
+        compiler, tokenizer, option, value, broken, strict):
+    """A schema's `x-guidance` layout options won over Glimmer's `JSON_LAYOUT`: `item_separator: ";"` let the output
+    be text that is not JSON, free whitespace let it run on; the layout they would change is refused, strict or not."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}
+    laid_out = {**schema, "x-guidance": {option: value}}
+    for check in (lambda: answer_grammar(StructuredOutputsParams(json=laid_out, strict=strict), "guided_json"),
+                  lambda: check_json_schema(laid_out, "guided_json", strict=strict)):
+        with pytest.raises(RequestError) as raised:
+            check()
+        assert raised.value.param == "guided_json" and f"x-guidance.{option} {value!r}" in str(raised.value)
+    # Glimmer's own layout, given again, changes nothing
+    same = {**schema, "x-guidance": {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}}
+    params = StructuredOutputsParams(json=same, strict=strict)
+    assert _admits(compiler, tokenizer, params, '{"a": 1, "b": 2}')
+    assert not _admits(compiler, tokenizer, params, broken)
