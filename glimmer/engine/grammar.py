@@ -926,13 +926,17 @@ def _refuse_a_layout_of_its_own(schema: Mapping[str, Any], param: str) -> None:
     """RequestError(param) for a schema whose own engine options (`x-guidance`) lay the JSON out other than
     `JSON_LAYOUT`, strict or not: they would win over it, and a separator of their own (`item_separator: ";"`) wrote
     text that is not JSON at all, free whitespace let the model loop on it, where the output is promised to be JSON
-    laid out as json.dumps writes it (as vLLM's `whitespace_pattern` and `disable_any_whitespace` are refused)."""
-    options = schema.get("x-guidance")
-    for option in _LAYOUT_OPTIONS if isinstance(options, Mapping) else ():
-        if option in options and options[option] != JSON_LAYOUT.get(option):
-            raise RequestError(f"{param}: x-guidance.{option} {options[option]!r} would lay the JSON out other than "
-                               "json.dumps writes it (', ' and ': ', no other whitespace), as Glimmer always does (a "
-                               "separator of its own is not even JSON); leave it out", param=param)
+    laid out as json.dumps writes it (as vLLM's `whitespace_pattern` and `disable_any_whitespace` are refused). At
+    any level: the engine reads them at a root, and a tool's parameter is the root of its value's grammar
+    (`turn_grammar._standalone`), so `{"a": {"type": "array", "x-guidance": ...}}` wrote `a` as `[7;7]`."""
+    for node in _subschemas(schema):
+        options = node.get("x-guidance")
+        for option in _LAYOUT_OPTIONS if isinstance(options, Mapping) else ():
+            if option not in options or options[option] == JSON_LAYOUT.get(option):
+                continue
+            raise RequestError(f"{param}: x-guidance.{option} {json.dumps(options[option])} would lay the JSON out "
+                               "other than json.dumps writes it (', ' and ': ', no other whitespace), as Glimmer "
+                               "always does (a separator of its own is not even JSON); leave it out", param=param)
 
 
 _LAYOUT_OPTIONS = ("item_separator", "key_separator", "whitespace_flexible", "whitespace_pattern")

@@ -72,7 +72,8 @@ _BOUNDED_RAW_VALUE_WITHOUT_TAGS = r"/[^<]{length}<\/atem:parameter>/"
 def laid_out_schema(schema: Mapping[str, Any], *, strict: bool) -> dict[str, Any]:
     """`schema` with the grammar engine's options (`x-guidance`): JSON laid out as `JSON_LAYOUT` and, unless `strict`,
     keywords the engine does not implement (`uniqueItems`, `if`, ...) ignored rather than refused (llguidance's
-    `lenient`), as OpenAI's non-strict schemas are hints. Options the schema sets itself win. A `$ref` to a schema
+    `lenient`), as OpenAI's non-strict schemas are hints. Options the schema sets itself win (the grammar refuses
+    those that would change the layout: `grammar._refuse_a_layout_of_its_own`). A `$ref` to a schema
     no value meets is written `false` (`without_references_to_empty`), which the engine takes where another value
     may be written (an `anyOf` branch, an optional property)."""
     custom = schema.get("x-guidance")

@@ -20,6 +20,7 @@ from glimmer.engine.grammar import (
     answer_grammar,
     chat_answer_grammar,
     check_json_schema,
+    check_tool_parameters,
 )
 from glimmer.engine.sampler import unpack_token_bitmask
 from glimmer.engine.sampling_params import StructuredOutputsParams
@@ -1195,9 +1196,24 @@ def test_a_schema_whose_own_engine_options_lay_the_json_out_otherwise_is_refused
                   lambda: check_json_schema(laid_out, "guided_json", strict=strict)):
         with pytest.raises(RequestError) as raised:
             check()
-        assert raised.value.param == "guided_json" and f"x-guidance.{option} {value!r}" in str(raised.value)
+        assert raised.value.param == "guided_json" and f"x-guidance.{option} {json.dumps(value)}" in str(raised.value)
     # Glimmer's own layout, given again, changes nothing
     same = {**schema, "x-guidance": {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}}
     params = StructuredOutputsParams(json=same, strict=strict)
     assert _admits(compiler, tokenizer, params, '{"a": 1, "b": 2}')
     assert not _admits(compiler, tokenizer, params, broken)
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_a_tool_parameter_whose_own_engine_options_lay_its_value_out_otherwise_is_refused(strict):
+    """A parameter's schema is the root of its value's grammar, where the engine reads its `x-guidance`: a strict
+    tool's forced call wrote `{"a": [1;2]}`'s `a` as the text `[7;7;7]`, read back as a string."""
+    parameters = {"type": "object", "required": ["a"], "$defs": {"pair": {"type": "integer"}},
+                  "properties": {"a": {"type": "array", "items": {"$ref": "#/$defs/pair"}, "minItems": 2,
+                                       "x-guidance": {"item_separator": ";"}}}}
+    with pytest.raises(RequestError) as raised:
+        check_tool_parameters(parameters, "tools[0].function.parameters", strict)
+    assert raised.value.param == "tools[0].function.parameters"
+    assert 'x-guidance.item_separator ";"' in str(raised.value)
+    del parameters["properties"]["a"]["x-guidance"]
+    check_tool_parameters(parameters, "tools[0].function.parameters", strict)
