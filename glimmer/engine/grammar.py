@@ -713,6 +713,7 @@ def check_tool_parameters(parameters: Mapping[str, Any], param: str, strict: boo
         if strict:  # a call may write any parameter: an optional one's bounds are named before the other checks
             _refuse_empty_bounds(parameters, param, every_property=True)
         check_json_schema(parameters, param, strict)
+    _refuse_references_a_call_cannot_follow(parameters, param)
     properties, required = parameters.get("properties"), parameters.get("required", [])
     if not isinstance(properties, Mapping) or not isinstance(required, list) or all(
             key in required for key in properties):
@@ -721,6 +722,24 @@ def check_tool_parameters(parameters: Mapping[str, Any], param: str, strict: boo
     if unsatisfiable is not None:
         path, reason = unsatisfiable
         raise RequestError(f"{param}{path}: {reason}", param=f"{param}{path}")
+
+
+def _refuse_references_a_call_cannot_follow(parameters: Mapping[str, Any], param: str) -> None:
+    """RequestError(param) for a `$ref` in a tool's `parameters` that is not a JSON pointer into them (`#`,
+    `#/$defs/Item`): an anchor (`#item`) or a reference resolved against an `$id` (`item.json`). The engine follows
+    them in the whole schema, but a call writes each parameter's value by a grammar of its own, whose schema's
+    pointers are rewritten into a copy of `parameters` (`turn_grammar._standalone`): such a reference led nowhere,
+    and the value was written as free text (a strict tool's integer came back `{"a": "film"}`)."""
+    try:
+        nodes = list(_subschemas(parameters))
+    except RecursionError:  # check_json_schema names the depth
+        return
+    for node in nodes:
+        reference = node.get("$ref")
+        if isinstance(reference, str) and reference != "#" and not reference.startswith("#/"):
+            raise RequestError(f"{param}: $ref {reference!r} is not a JSON pointer into the parameters (such as "
+                               "'#/$defs/Item'); a call's values can only follow those: point it at the schema's "
+                               "path instead of its $anchor or $id", param=param)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -1217,3 +1217,27 @@ def test_a_tool_parameter_whose_own_engine_options_lay_its_value_out_otherwise_i
     assert 'x-guidance.item_separator ";"' in str(raised.value)
     del parameters["properties"]["a"]["x-guidance"]
     check_tool_parameters(parameters, "tools[0].function.parameters", strict)
+
+
+@pytest.mark.parametrize("strict", [True, False])
+@pytest.mark.parametrize(("definition", "reference"), [
+    ({"$anchor": "count"}, "#count"),
+    ({"$id": "count.json"}, "count.json"),
+])
+def test_a_tool_reference_by_anchor_or_id_is_refused_since_a_call_cannot_follow_it(compiler, tokenizer, strict,
+                                                                                   definition, reference):
+    """The engine follows an `$anchor` or `$id` in the whole schema, but a call's value grammar reroots each
+    parameter's schema: the reference led nowhere and a strict tool's integer was written as free text."""
+    parameters = {"$id": "https://example.com/tool.json", "type": "object", "required": ["a"],
+                  "$defs": {"count": {**definition, "type": "integer", "minimum": 100, "maximum": 105}},
+                  "properties": {"a": {"$ref": reference}}}
+    with pytest.raises(RequestError) as raised:
+        check_tool_parameters(parameters, "tools[0].function.parameters", strict)
+    assert raised.value.param == "tools[0].function.parameters" and f"$ref {reference!r}" in str(raised.value)
+    parameters["properties"]["a"]["$ref"] = "#/$defs/count"  # the pointer the message asks for
+    check_tool_parameters(parameters, "tools[0].function.parameters", strict)
+    tools = normalize_tools([{"type": "function", "function": {"name": "f", "parameters": parameters,
+                                                                "strict": strict}}])
+    constraint = TurnConstraint(call_tools=tools, must_call=True)
+    assert admits(compiler, tokenizer, constraint, call("f", ("a", "101")))
+    assert not admits(compiler, tokenizer, constraint, call("f", ("a", "7")))
