@@ -61,6 +61,16 @@ def _forgiving_base64(text: str) -> bytes:
     return base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
 
 
+def _url_safe_hint(payload: str) -> str:
+    """The fix for base64 of the URL-safe alphabet (RFC 4648 §5: - and _ for + and /), which a data: URL does not
+    read (WHATWG forgiving-base64): Python's `urlsafe_b64encode` and JavaScript's
+    `toString("base64url")` give it."""
+    if not ("-" in payload or "_" in payload):
+        return ""
+    return (" (it holds - or _, the URL-safe alphabet's; encode with the standard alphabet: base64.b64encode, "
+            "not base64.urlsafe_b64encode)")
+
+
 def _decode_data_url(url: str, kind: str, index: int, policy: MediaFetchPolicy) -> bytes:
     """The bytes of a data: URL as browsers read it (WHATWG fetch, "data: URL processor"): a `#fragment` is no part
     of the data (the processor serializes the URL without it), the body is percent-decoded first (`%2B` is `+`),
@@ -83,7 +93,7 @@ def _decode_data_url(url: str, kind: str, index: int, policy: MediaFetchPolicy) 
         try:
             data = _forgiving_base64(payload)
         except (binascii.Error, ValueError):
-            raise _error(kind, index, "data URL is not valid base64") from None
+            raise _error(kind, index, "data URL is not valid base64" + _url_safe_hint(payload)) from None
     else:
         data = unquote_to_bytes(payload)  # %89 is the byte 0x89, not a UTF-8 sequence to decode
     if not data:

@@ -117,6 +117,21 @@ def test_bad_data_urls_are_request_errors(url, message):
     assert str(err.value).startswith("image 2:")
 
 
+def test_url_safe_base64_is_refused_naming_the_standard_alphabet_as_the_fix():
+    """QA: a PNG encoded with base64.urlsafe_b64encode (or JavaScript's "base64url") was refused as "data URL is not
+    valid base64" alone; the client could not tell that only the alphabet was wrong."""
+    png = io.BytesIO()
+    Image.new("RGB", (40, 40), "orange").save(png, format="PNG")
+    url_safe = base64.urlsafe_b64encode(png.getvalue()).decode()
+    assert "-" in url_safe or "_" in url_safe
+    with pytest.raises(RequestError) as err:
+        load_media_reference("data:image/png;base64," + url_safe, "image", 0, MediaFetchPolicy())
+    assert "URL-safe alphabet" in str(err.value) and "base64.b64encode, not base64.urlsafe_b64encode" in str(err.value)
+    with pytest.raises(RequestError) as err:  # no - or _: nothing said of the alphabet
+        load_media_reference("data:image/png;base64,@@@", "image", 0, MediaFetchPolicy())
+    assert str(err.value) == "image 0: data URL is not valid base64"
+
+
 def test_data_url_over_the_size_limit_is_refused_before_decoding():
     url = "data:image/png;base64," + "A" * 4000
     with pytest.raises(RequestError, match="larger than the limit"):
