@@ -422,7 +422,7 @@ class LLM:
                 hint = _ENCODING_HINT if isinstance(ids, Mapping) and "input_ids" in ids else ""
                 raise RequestError(f"{name}.prompt_token_ids must be a list of token ids (integers){hint}",
                                    param=f"{name}.prompt_token_ids")
-            images, videos = (self._decoded_data_urls(_as_list(data.get(kind), kind), kind)
+            images, videos = (self._loaded_urls(_as_list(data.get(kind), kind), kind)
                               for kind in ("image", "video"))
             ids, items = self.engine.prepare_token_prompt([operator.index(t) for t in ids], images, videos,
                                                           param=name)
@@ -430,16 +430,17 @@ class LLM:
         text = prompt.get("prompt")
         if not isinstance(text, str):
             raise RequestError(f"{name} needs a 'prompt' string or 'prompt_token_ids'", param=name)
-        images, videos = (self._decoded_data_urls(_as_list(data.get(kind), kind), kind)
+        images, videos = (self._loaded_urls(_as_list(data.get(kind), kind), kind)
                           for kind in ("image", "video"))
         ids, items = self.engine.prepare_prompt(text, images, videos)
         return text, ids, items
 
-    def _decoded_data_urls(self, items: list, kind: str) -> list:
-        """multi_modal_data items with each data: URL decoded to its bytes, as `chat` reads it (RequestError if it is
-        malformed); paths, bytes, images and frames are left for the engine to open."""
+    def _loaded_urls(self, items: list, kind: str) -> list:
+        """multi_modal_data items with each data: URL decoded to its bytes and each http(s) URL fetched (when
+        `allow_remote_media` allows it), as `chat` reads them (RequestError if one is malformed, disallowed or cannot be
+        fetched); paths, bytes, images and frames are left for the engine to open."""
         return [load_media_reference(item, kind, index, self.media_policy)
-                if isinstance(item, str) and url_scheme(item) == "data" else item
+                if isinstance(item, str) and url_scheme(item) in ("data", "http", "https") else item
                 for index, item in enumerate(items)]
 
     def _normalize_prompts(self, prompts: PromptType | SequenceABC[PromptType]) -> list[_Prepared]:

@@ -47,6 +47,32 @@ def test_a_bad_data_url_in_generate_is_refused_without_echoing_it(llm):
     assert raised.value.param == "prompt"
 
 
+def test_generate_fetches_an_http_url_as_chat_does_only_when_remote_media_is_allowed(make_tiny, llm, tmp_path,
+                                                                                     monkeypatch):
+    """QA: multi_modal_data's "https://host/cat.png" was opened as a file of that name, refused as "no such file"
+    however `allow_remote_media` was set, where LLM.chat fetches the same URL from an image_url part."""
+    import glimmer.multimodal.sources as sources
+
+    body = _png(60, 90)
+    fetched_urls = []
+    monkeypatch.setattr(sources, "fetch_remote", lambda url, policy, cancel: fetched_urls.append(url) or body)
+    url = "https://images.example/cat.png"
+    params = SamplingParams(temperature=0, max_tokens=3)
+    with pytest.raises(RequestError, match=r"image 0: fetching media over http\(s\) is disabled.*"
+                                            r"LLM\(\.\.\., allow_remote_media=True\)"):
+        llm.generate({"prompt": PROMPT, "multi_modal_data": {"image": url}}, params)
+    assert fetched_urls == []
+    remote = LLM(str(make_tiny("canonical", vision=True, seed=17)), progress=False, kv_cache_memory=16 << 20,
+                 max_model_len=512, allow_remote_media=True)
+    fetched = remote.generate({"prompt": PROMPT, "multi_modal_data": {"image": url}}, params)[0]
+    assert fetched_urls == [url]
+    path = tmp_path / "cat.png"
+    path.write_bytes(body)
+    from_path = remote.generate({"prompt": PROMPT, "multi_modal_data": {"image": str(path)}}, params)[0]
+    assert fetched.prompt_token_ids == from_path.prompt_token_ids
+    assert fetched.outputs[0].token_ids == from_path.outputs[0].token_ids
+
+
 def test_a_string_urllib_cannot_split_is_refused_naming_the_item(llm):
     """multi_modal_data's "http://[::1/x.png" (an unclosed IPv6 bracket) raised urllib's bare ValueError ("Invalid
     IPv6 URL") out of LLM.generate while it looked for data: URLs; it is a path that names no file, as the server
