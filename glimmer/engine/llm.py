@@ -64,7 +64,13 @@ from glimmer.engine.vllm_arguments import (
     method_takes_vllm_arguments,
 )
 from glimmer.errors import ConfigError, PromptPart, PromptTextTooLongError, RequestError, UnsupportedArgumentError
-from glimmer.multimodal.sources import collect_media, load_media_reference, naming_media_parts, url_scheme
+from glimmer.multimodal.sources import (
+    collect_media,
+    file_url_path,
+    load_media_reference,
+    naming_media_parts,
+    url_scheme,
+)
 from glimmer.multimodal.video import is_frame_list, is_frames_with_metadata, unstacked
 from glimmer.protocol import (
     Delta,
@@ -438,10 +444,16 @@ class LLM:
     def _loaded_urls(self, items: list, kind: str) -> list:
         """multi_modal_data items with each data: URL decoded to its bytes and each http(s) URL fetched (when
         `allow_remote_media` allows it), as `chat` reads them (RequestError if one is malformed, disallowed or cannot be
-        fetched); paths, bytes, images and frames are left for the engine to open."""
-        return [load_media_reference(item, kind, index, self.media_policy)
-                if isinstance(item, str) and url_scheme(item) in ("data", "http", "https") else item
+        fetched); a file: URL becomes the path it names, read as a path is; paths, bytes, images and frames are left
+        for the engine to open."""
+        return [self._loaded_url(item, kind, index) if isinstance(item, str) else item
                 for index, item in enumerate(items)]
+
+    def _loaded_url(self, item: str, kind: str, index: int) -> Any:
+        scheme = url_scheme(item)
+        if scheme in ("data", "http", "https"):
+            return load_media_reference(item, kind, index, self.media_policy)
+        return file_url_path(item, kind, index) if scheme == "file" else item
 
     def _normalize_prompts(self, prompts: PromptType | SequenceABC[PromptType]) -> list[_Prepared]:
         single = _is_single_prompt(prompts)

@@ -153,7 +153,7 @@ def _fetch_remote(url: str, kind: str, index: int, policy: MediaFetchPolicy, can
                                   "s)") from None
 
 
-def _file_url_path(url: str, kind: str, index: int) -> str:
+def file_url_path(url: str, kind: str, index: int) -> str:
     """The local path a file: URL names. A host other than localhost names a file on another machine (RFC 8089
     §2), which is refused: reading the local file of that path would read another file than the one named. A host
     name is case-insensitive (RFC 3986 §3.2.2): file://LOCALHOST/path is this machine too."""
@@ -180,7 +180,7 @@ def load_media_reference(reference: Any, kind: str, index: int, policy: MediaFet
     if is_remote_reference(reference):
         return _fetch_remote(reference, kind, index, policy, cancel)
     if scheme == "file":
-        return _read_local(_file_url_path(reference, kind, index), kind, index, policy)
+        return _read_local(file_url_path(reference, kind, index), kind, index, policy)
     if scheme and len(scheme) > 1:
         raise _error(kind, index, f"unsupported URL scheme {scheme!r}; use data:, a local path or http(s)")
     return _read_local(reference, kind, index, policy)

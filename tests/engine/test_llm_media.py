@@ -73,6 +73,20 @@ def test_generate_fetches_an_http_url_as_chat_does_only_when_remote_media_is_all
     assert fetched.outputs[0].token_ids == from_path.outputs[0].token_ids
 
 
+def test_generate_reads_a_file_url_as_the_path_it_names(llm, tmp_path):
+    """QA: multi_modal_data's "file:///dir/cat.png" was opened as a file of that very name, "no such file", while the
+    path /dir/cat.png was read; a file: URL naming another host is still refused, as LLM.chat refuses it."""
+    path = tmp_path / "cat.png"
+    path.write_bytes(_png(60, 90))
+    params = SamplingParams(temperature=0, max_tokens=3)
+    from_path, from_url = (llm.generate({"prompt": PROMPT, "multi_modal_data": {"image": item}}, params)[0]
+                           for item in (str(path), path.as_uri()))
+    assert from_url.prompt_token_ids == from_path.prompt_token_ids
+    assert from_url.outputs[0].token_ids == from_path.outputs[0].token_ids
+    with pytest.raises(RequestError, match="image 0: file URL names the host 'fileserver'"):
+        llm.generate({"prompt": PROMPT, "multi_modal_data": {"image": f"file://fileserver{path}"}}, params)
+
+
 def test_a_string_urllib_cannot_split_is_refused_naming_the_item(llm):
     """multi_modal_data's "http://[::1/x.png" (an unclosed IPv6 bracket) raised urllib's bare ValueError ("Invalid
     IPv6 URL") out of LLM.generate while it looked for data: URLs; it is a path that names no file, as the server
