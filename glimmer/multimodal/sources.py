@@ -71,6 +71,20 @@ def _url_safe_hint(payload: str) -> str:
             "not base64.urlsafe_b64encode)")
 
 
+def _is_base64_of_media(payload: str, kind: str) -> bool:
+    """Whether the text of a data: URL without `;base64` is base64 of an image (or video, as `kind` says): the
+    header's `;base64` forgotten. The bytes of a real image never read so: its first bytes (PNG's 0x89, JPEG's 0xff)
+    are no base64 characters, and percent-encoded they hold a %."""
+    text = payload.translate(_BASE64_WHITESPACE)
+    if not text or not _BASE64_ALPHABET.fullmatch(text.rstrip("=")):
+        return False
+    try:
+        data = _forgiving_base64(text)
+    except (binascii.Error, ValueError):
+        return False
+    return is_image_data(data) if kind == "image" else is_video_data(data)
+
+
 def _decode_data_url(url: str, kind: str, index: int, policy: MediaFetchPolicy) -> bytes:
     """The bytes of a data: URL as browsers read it (WHATWG fetch, "data: URL processor"): a `#fragment` is no part
     of the data (the processor serializes the URL without it), the body is percent-decoded first (`%2B` is `+`),
@@ -96,6 +110,10 @@ def _decode_data_url(url: str, kind: str, index: int, policy: MediaFetchPolicy) 
             raise _error(kind, index, "data URL is not valid base64" + _url_safe_hint(payload)) from None
     else:
         data = unquote_to_bytes(payload)  # %89 is the byte 0x89, not a UTF-8 sequence to decode
+        if _is_base64_of_media(payload, kind):
+            raise _error(kind, index, f"data URL holds base64 but its header {header[:100]!r} does not end in "
+                                      "';base64', so its text would be read as the bytes themselves; add it: "
+                                      f"{header[:100]};base64,<data>")
     if not data:
         raise _error(kind, index, "data URL is empty")
     if len(data) > policy.max_bytes:

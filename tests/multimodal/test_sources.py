@@ -117,6 +117,23 @@ def test_bad_data_urls_are_request_errors(url, message):
     assert str(err.value).startswith("image 2:")
 
 
+def test_base64_in_a_data_url_without_base64_in_its_header_is_refused_naming_the_fix():
+    """QA: "data:image/png,iVBOR…" (the header's ;base64 forgotten) read the base64 text as the image's bytes and was
+    refused as "not an image format Glimmer reads (PNG, …)", for what the client knew to be a PNG."""
+    png = io.BytesIO()
+    Image.new("RGB", (40, 40), "orange").save(png, format="PNG")
+    text = base64.b64encode(png.getvalue()).decode()
+    with pytest.raises(RequestError) as err:
+        load_media_reference("data:image/png," + text, "image", 0, MediaFetchPolicy())
+    assert str(err.value) == ("image 0: data URL holds base64 but its header 'data:image/png' does not end in "
+                              "';base64', so its text would be read as the bytes themselves; add it: "
+                              "data:image/png;base64,<data>")
+    # percent-encoded bytes, and base64 text that is no image, are read as they are
+    assert load_media_reference("data:image/png," + quote(png.getvalue()), "image", 0,
+                                MediaFetchPolicy()) == png.getvalue()
+    assert load_media_reference("data:image/png,QUJD", "image", 0, MediaFetchPolicy()) == b"QUJD"
+
+
 def test_url_safe_base64_is_refused_naming_the_standard_alphabet_as_the_fix():
     """QA: a PNG encoded with base64.urlsafe_b64encode (or JavaScript's "base64url") was refused as "data URL is not
     valid base64" alone; the client could not tell that only the alphabet was wrong."""
