@@ -42,6 +42,17 @@ from glimmer.multimodal.settings import MediaLimits, MediaSettings
 # Pillow's names of the ordinary raster formats it may open (its JPEG reader opens phones' MPO files too)
 IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF", "ICO", "AVIF", "JPEG2000", "QOI", "PPM", "TGA")
 
+_FORMAT_NAMES = {"WEBP": "WebP", "JPEG2000": "JPEG 2000"}  # as the error names them; the others as Pillow does
+
+
+def _readable_formats() -> tuple[str, ...]:
+    """The `IMAGE_FORMATS` this Pillow has a reader for: AVIF's came with Pillow 11.2 (Glimmer takes 10.0 on), and
+    `Image.open` given a format name it has no reader for raises KeyError for any data that no earlier format
+    took."""
+    Image.init()
+    return tuple(name for name in IMAGE_FORMATS if name in Image.OPEN)
+
+
 ImageInput = Union[bytes, bytearray, memoryview, str, os.PathLike, Image.Image, np.ndarray]  # noqa: UP007
 
 _pillow_threshold_lock = threading.Lock()
@@ -93,7 +104,7 @@ def image_tokens_from_header(image: ImageInput, settings: MediaSettings, limits:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-                with Image.open(source, formats=IMAGE_FORMATS) as opened:
+                with Image.open(source, formats=_readable_formats()) as opened:
                     # orientations 5-8 turn the image a quarter, as `ImageOps.exif_transpose` does in decoding;
                     # the base class's getexif reads what the header holds, where PNG's decodes every pixel first
                     # to look for EXIF after them
@@ -122,7 +133,8 @@ def _open_encoded(source: bytes | str | os.PathLike, index: int, limits: MediaLi
         with warnings.catch_warnings():
             # we enforce our own pixel limit below, before decoding; Pillow's bomb error only past twice it
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(source) if isinstance(source, bytes) else source, formats=IMAGE_FORMATS)
+            image = Image.open(io.BytesIO(source) if isinstance(source, bytes) else source,
+                               formats=_readable_formats())
             limits.check_frame_size("image", index, image.width, image.height)  # the header's size: nothing decoded
             image.load()
             return ImageOps.exif_transpose(image)
@@ -135,10 +147,8 @@ def _open_encoded(source: bytes | str | os.PathLike, index: int, limits: MediaLi
     except FileNotFoundError:
         raise MediaDecodeError("image", index, f"no such file: {os.fspath(source)!r}") from None
     except Image.UnidentifiedImageError:
-        raise MediaDecodeError(
-            "image", index, "the data is not an image format Glimmer reads (PNG, JPEG, WebP, GIF, BMP, TIFF, ICO, "
-            "AVIF, JPEG 2000, QOI, PPM, TGA)"
-        ) from None
+        names = ", ".join(_FORMAT_NAMES.get(name, name) for name in _readable_formats())
+        raise MediaDecodeError("image", index, f"the data is not an image format Glimmer reads ({names})") from None
     except (OSError, SyntaxError, ValueError, EOFError, RuntimeError) as error:
         # Pillow reports truncated or corrupt data as OSError, some broken headers as SyntaxError, and its AVIF
         # plugin (libavif) any failure to decode as RuntimeError
@@ -150,7 +160,7 @@ def is_image_data(data: bytes | str | os.PathLike) -> bool:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            Image.open(io.BytesIO(data) if isinstance(data, bytes) else data, formats=IMAGE_FORMATS).close()
+            Image.open(io.BytesIO(data) if isinstance(data, bytes) else data, formats=_readable_formats()).close()
     except Image.DecompressionBombError:
         return True  # an image, if a far too large one: the size limits will say so
     except Exception:  # Pillow raises many kinds for data that is not an image

@@ -389,6 +389,23 @@ def test_a_16_bit_grey_png_s_transparent_value_is_composited_onto_white_as_the_r
     assert np.array_equal(rgb[~transparent][:, 0], (deep[~transparent] >> 8).astype(np.uint8))
 
 
+def test_a_pillow_without_an_avif_reader_refuses_data_naming_only_the_formats_it_reads(monkeypatch) -> None:
+    """QA: Pillow before 11.2 (Glimmer takes 10.0 on) has no AVIF reader, and Image.open given the name "AVIF"
+    raised KeyError('AVIF') for any data no earlier format took (a 500), and the refusal named AVIF as read."""
+    from glimmer.multimodal.image import image_tokens_from_header
+
+    Image.init()
+    monkeypatch.delitem(Image.OPEN, "AVIF")
+    with pytest.raises(MediaDecodeError) as raised:
+        process_image(b"this is no image at all", SETTINGS, LIMITS)
+    assert str(raised.value) == ("image 0: the data is not an image format Glimmer reads (PNG, JPEG, WebP, GIF, BMP, "
+                                 "TIFF, ICO, JPEG 2000, QOI, PPM, TGA)")
+    assert image_tokens_from_header(b"this is no image at all", SETTINGS, LIMITS) is None
+    png = io.BytesIO()
+    noise_image(28, 28).save(png, format="PNG")
+    assert process_image(png.getvalue(), SETTINGS, LIMITS).grid_thw == (1, 2, 2)
+
+
 def test_postscript_is_refused_without_reaching_ghostscript(monkeypatch) -> None:
     """Pillow reads EPS by running Ghostscript on it; a request's bytes must never reach another program."""
     from PIL import EpsImagePlugin
