@@ -47,6 +47,9 @@ from glimmer.engine.lookahead import LaunchedStep  # noqa: E402
 from glimmer.model.kernels.support import side_stream  # noqa: E402
 from glimmer.tiny import write_tiny_checkpoint  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "tests" / "server"))
+from server_support import ServeProcess, ServerDidNotStart  # noqa: E402  # the tests' server process: --port 0, its URL
+
 VOCAB_TEXT = 200_000  # random prompt ids stay among the base tokens
 RESULTS: dict[str, object] = {}
 
@@ -436,17 +439,13 @@ def stream_completion(client, url: str, prompt: list[int], max_tokens: int) -> t
 def server(path: Path, engine_figures: dict[str, float]) -> dict[str, float]:
     import httpx
 
-    sys.path.insert(0, str(ROOT / "tests" / "server"))
-    from server_support import ServeProcess  # the tests' server process: --port 0, its URL
-
     server_process = ServeProcess(
         ["-m", "glimmer.cli", "--log-level", "WARNING", "serve", str(path), "--load-format", "dummy",
          "--max-model-len", "4096", "--max-num-seqs", "64", "--served-model-name", "glimmer-30b"],
         env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))})
     out: dict[str, float] = {}
     try:
-        # ServerDidNotStart if it exits or does not serve in time, with what it wrote: main reports it as this
-        # section's failure
+        # ServerDidNotStart if it exits or does not serve in time: main reports it as this section's failure
         url = server_process.wait_until_serving(timeout_s=300)
         with httpx.Client() as client:
             stream_completion(client, url, fresh_prompts(1, 1024, 50)[0], 16)  # warm-up: the batch-1 graph
@@ -511,6 +510,9 @@ def main() -> None:
         for name, run in sections:
             try:
                 figures.update(run())
+            except ServerDidNotStart as exc:  # its reason and the end of what it wrote: the whole output and a
+                # traceback of the wait would bury them
+                log(f"{name}: FAILED: the server did not start: {exc.reason}:\n{exc.output[-3000:]}")
             except Exception as exc:  # one broken section must not lose the others' figures
                 log(f"{name}: FAILED: {type(exc).__name__}: {exc}")
                 traceback.print_exc()
