@@ -450,6 +450,9 @@ class LLM:
                 for index, item in enumerate(items)]
 
     def _loaded_url(self, item: str, kind: str, index: int) -> Any:
+        # not load_media_reference for a path or a file: URL: generate's multi_modal_data is the Python caller's own,
+        # and a path in it is opened as given, which allowed_local_media_path (chat's guard on a request's paths) does
+        # not govern
         scheme = url_scheme(item)
         if scheme in ("data", "http", "https"):
             return load_media_reference(item, kind, index, self.media_policy)
