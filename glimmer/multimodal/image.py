@@ -1,7 +1,8 @@
 """Images → patch rows for the vision tower — architecture.md §6.
 
 Accepted inputs: encoded bytes or a file path in one of `IMAGE_FORMATS`, a PIL image, or an array (H, W),
-(H, W, 1), (H, W, 3) or (H, W, 4) of uint8 levels or of floats in [0, 1]. Pillow is asked for those formats only:
+(H, W, 1), (H, W, 3) or (H, W, 4) of uint8 levels or of floats in [0, 1]. Pillow is asked for those formats only,
+and of them only for those the installed Pillow has a reader for (`_readable_formats`: AVIF's came with Pillow 11.2):
 it can read others, but some hand the data to another program (PostScript to Ghostscript), which a request's bytes
 must never reach.
 
