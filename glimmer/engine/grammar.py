@@ -700,10 +700,12 @@ def check_tool_parameters(parameters: Mapping[str, Any], param: str, strict: boo
     """`check_json_schema` for a tool's `parameters`, and RequestError naming the parameter for an optional one that
     no value satisfies (a `pattern` of two characters with `maxLength` 1): the grammar engine leaves such a property
     out of JSON, but a call writes each parameter as a value of its own, so a call that began one failed while
-    generating, with the engine's bare "NoExtensionBias". A required one the engine refuses itself, naming it.
+    generating, with the engine's bare "NoExtensionBias". A required one the engine refuses itself, naming it. Also
+    RequestError naming its place for a `$ref` that is not a JSON pointer into `parameters` (an `$anchor`'s `#item`,
+    an `$id`'s `item.json`), which a call's value cannot follow (`_refuse_references_a_call_cannot_follow`).
 
     An accepted schema is remembered by its JSON text (`_accepted_schema`): an agent sends the same tools with
-    every request, and the check takes up to a millisecond for a tool of nested parameters."""
+    every request, and the checks take up to a millisecond for a tool of nested parameters."""
     try:
         text = json.dumps(parameters, ensure_ascii=False)
     except (TypeError, ValueError, RecursionError):  # no JSON text to remember it by: the check names the fault
@@ -713,7 +715,7 @@ def check_tool_parameters(parameters: Mapping[str, Any], param: str, strict: boo
         if strict:  # a call may write any parameter: an optional one's bounds are named before the other checks
             _refuse_empty_bounds(parameters, param, every_property=True)
         check_json_schema(parameters, param, strict)
-    _refuse_references_a_call_cannot_follow(parameters, param)
+        _refuse_references_a_call_cannot_follow(parameters, param)
     properties, required = parameters.get("properties"), parameters.get("required", [])
     if not isinstance(properties, Mapping) or not isinstance(required, list) or all(
             key in required for key in properties):
@@ -725,32 +727,34 @@ def check_tool_parameters(parameters: Mapping[str, Any], param: str, strict: boo
 
 
 def _refuse_references_a_call_cannot_follow(parameters: Mapping[str, Any], param: str) -> None:
-    """RequestError(param) for a `$ref` in a tool's `parameters` that is not a JSON pointer into them (`#`,
-    `#/$defs/Item`): an anchor (`#item`) or a reference resolved against an `$id` (`item.json`). The engine follows
-    them in the whole schema, but a call writes each parameter's value by a grammar of its own, whose schema's
+    """RequestError naming the path in `param` of a `$ref` in a tool's `parameters` that is not a JSON pointer into
+    them (`#`, `#/$defs/Item`): an anchor (`#item`) or a reference resolved against an `$id` (`item.json`). The engine
+    follows them in the whole schema, but a call writes each parameter's value by a grammar of its own, whose schema's
     pointers are rewritten into a copy of `parameters` (`turn_grammar._standalone`): such a reference led nowhere,
     and the value was written as free text (a strict tool's integer came back `{"a": "film"}`)."""
     try:
-        nodes = list(_subschemas(parameters))
+        nodes = list(_subschemas_at(parameters))
     except RecursionError:  # check_json_schema names the depth
         return
-    for node in nodes:
+    for path, node in nodes:
         reference = node.get("$ref")
         if isinstance(reference, str) and reference != "#" and not reference.startswith("#/"):
-            raise RequestError(f"{param}: $ref {reference!r} is not a JSON pointer into the parameters (such as "
-                               "'#/$defs/Item'); a call's values can only follow those: point it at the schema's "
-                               "path instead of its $anchor or $id", param=param)
+            raise RequestError(f"{param}{path}: $ref {reference!r} is not a JSON pointer into the parameters (such "
+                               "as '#/$defs/Item'); a call's values can only follow those: point it at the schema's "
+                               "path instead of its $anchor or $id", param=f"{param}{path}")
 
 
 @functools.lru_cache(maxsize=1024)
 def _accepted_schema(schema_text: str, strict: bool) -> Any:
-    """The schema of JSON text `schema_text` where `check_json_schema` accepts it at this strictness, else None.
+    """The schema of JSON text `schema_text` where `check_json_schema` accepts it at this strictness and a call can
+    follow its `$ref`s (`_refuse_references_a_call_cannot_follow`), else None.
     Keyed by the whole text and the strictness, the verdict's only inputs (a field name only names a refusal), so a
     hit is this schema's own verdict; the caller checks a refused one again, to raise the refusal naming its field.
     Callers compare, never change, what it returns."""
     try:
         schema = json.loads(schema_text)
         check_json_schema(schema, "parameters", strict)
+        _refuse_references_a_call_cannot_follow(schema, "parameters")
     except (RequestError, RecursionError):  # nested past the decoder's depth: the caller's check names it
         return None
     return schema
@@ -942,21 +946,41 @@ def _refuse_endless_reference(schema: Mapping[str, Any], param: str) -> None:
 
 
 def _refuse_a_layout_of_its_own(schema: Mapping[str, Any], param: str) -> None:
-    """RequestError(param) for a schema whose own engine options (`x-guidance`) lay the JSON out other than
-    `JSON_LAYOUT`, strict or not: they would win over it, and a separator of their own (`item_separator: ";"`) wrote
-    text that is not JSON at all, free whitespace let the model loop on it, where the output is promised to be JSON
-    laid out as json.dumps writes it (as vLLM's `whitespace_pattern` and `disable_any_whitespace` are refused). At
-    any level: the engine reads them at a root, and a tool's parameter is the root of its value's grammar
-    (`turn_grammar._standalone`), so `{"a": {"type": "array", "x-guidance": ...}}` wrote `a` as `[7;7]`."""
-    for node in _subschemas(schema):
+    """RequestError naming the path in `param` of a schema whose own engine options (`x-guidance`) lay the JSON out
+    other than `JSON_LAYOUT`, strict or not: Glimmer's JSON is always laid out as json.dumps writes it, and at a root
+    they would win over it (a separator such as `item_separator: ";"` wrote text that is not JSON at all, free
+    whitespace let the model loop on it), as vLLM's `whitespace_pattern` and `disable_any_whitespace` are refused. At
+    any level: a tool's parameter is the root of its value's grammar (`turn_grammar._standalone`), so
+    `{"a": {"type": "array", "x-guidance": ...}}` wrote `a` as `[7;7]`; below an answer schema's root the engine
+    would ignore them, and they are refused there too rather than silently dropped."""
+    for path, node in _subschemas_at(schema):
         options = node.get("x-guidance")
         for option in _LAYOUT_OPTIONS if isinstance(options, Mapping) else ():
             if option not in options or options[option] == JSON_LAYOUT.get(option):
                 continue
-            raise RequestError(f"{param}: x-guidance.{option} {json.dumps(options[option])} would lay the JSON out "
-                               "other than json.dumps writes it (', ' and ': ', no other whitespace), as Glimmer "
-                               "always does (a separator of its own is not even JSON); leave it out", param=param)
+            value, shown = options[option], _shown_option(options[option])
+            separator, between = _JSON_SEPARATORS.get(option, (None, ""))
+            not_json = (f" ({shown} {between} is not JSON)" if isinstance(value, str) and separator
+                        and value.strip(_JSON_WHITESPACE) != separator else "")
+            raise RequestError(f"{param}{path}: x-guidance.{option} {shown} would lay the JSON out "
+                               "otherwise, where Glimmer's JSON is always laid out as json.dumps writes it (', ' "
+                               f"between items, ': ' after a key, no other whitespace){not_json}; leave it out",
+                               param=f"{param}{path}")
 
+
+def _shown_option(value: Any) -> str:
+    """An engine option's value as JSON, cut to 100 characters; its repr where it is none (the Python API takes any
+    object)."""
+    try:
+        shown = json.dumps(value)
+    except (TypeError, ValueError, RecursionError):
+        shown = repr(value)
+    return shown if len(shown) <= 100 else f"{shown[:100]}…"
+
+
+_JSON_WHITESPACE = " \t\n\r"  # RFC 8259 §2: the only insignificant whitespace around a separator
+_JSON_SEPARATORS = {"item_separator": (",", "between items"), "key_separator": (":", "after a key")}
+"""The layout options that set a separator: the one JSON has there, and where it goes."""
 
 _LAYOUT_OPTIONS = ("item_separator", "key_separator", "whitespace_flexible", "whitespace_pattern")
 """The grammar engine's schema options that lay JSON out (`JSON_LAYOUT` sets all but `whitespace_pattern`)."""
@@ -969,21 +993,26 @@ keywords it does not implement, write a `oneOf` as an `anyOf` (a value two branc
 def _subschemas(schema: Any) -> Iterator[dict[str, Any]]:
     """Every object in `schema` that is a schema, `schema` itself first; `enum` and `const` values and annotations are
     no schemas, and of the maps of subschemas (`properties`, `$defs`, ...) only the values are."""
+    return (node for _, node in _subschemas_at(schema))
+
+
+def _subschemas_at(schema: Any, path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    """`_subschemas` with each one's path in `schema` (`.properties.a`, `.anyOf[0]`; "" for `schema` itself)."""
     if isinstance(schema, list):
-        for member in schema:
-            yield from _subschemas(member)
+        for index, member in enumerate(schema):
+            yield from _subschemas_at(member, f"{path}[{index}]")
         return
     if not isinstance(schema, dict):
         return
-    yield schema
+    yield path, schema
     for key, value in schema.items():
         if key in _ANNOTATION_KEYWORDS or key in ("enum", "const"):
             continue
         if key in _SCHEMA_MAP_KEYWORDS and isinstance(value, dict):
-            for member in value.values():
-                yield from _subschemas(member)
+            for name, member in value.items():
+                yield from _subschemas_at(member, f"{path}.{key}.{name}")
         else:
-            yield from _subschemas(value)
+            yield from _subschemas_at(value, f"{path}.{key}")
 
 
 def _min_properties_of_repeatable_keys(node: dict[str, Any]) -> str | None:

@@ -1179,15 +1179,17 @@ def test_a_forced_calls_json_value_is_steered_around_a_framing_marker(compiler, 
     assert bars and not after_open & bars and tokenizer.encode_text("a")[0] in after_open
 
 
-@pytest.mark.parametrize(("option", "value", "broken"), [
-    ("item_separator", ";", '{"a": 1;"b": 2}'),
-    ("key_separator", "=", '{"a"=1}'),
-    ("whitespace_flexible", True, '{ "a" :   1 }'),
-    ("whitespace_pattern", "[ x]*", '{x"a": 1}'),
+@pytest.mark.parametrize(("option", "value", "broken", "not_json"), [
+    ("item_separator", ";", '{"a": 1;"b": 2}', True),
+    ("key_separator", "=", '{"a"=1}', True),
+    ("item_separator", ",", '{"a": 1,"b": 2}', False),
+    ("key_separator", " : ", '{"a" : 1}', False),
+    ("whitespace_flexible", True, '{ "a" :   1 }', False),
+    ("whitespace_pattern", "[ x]*", '{x"a": 1}', False),
 ])
 @pytest.mark.parametrize("strict", [True, False])
 def test_a_schema_whose_own_engine_options_lay_the_json_out_otherwise_is_refused_naming_them(
-        compiler, tokenizer, option, value, broken, strict):
+        compiler, tokenizer, option, value, broken, not_json, strict):
     """A schema's `x-guidance` layout options won over Glimmer's `JSON_LAYOUT`: `item_separator: ";"` let the output
     be text that is not JSON, free whitespace let it run on; the layout they would change is refused, strict or not."""
     schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}
@@ -1197,6 +1199,8 @@ def test_a_schema_whose_own_engine_options_lay_the_json_out_otherwise_is_refused
         with pytest.raises(RequestError) as raised:
             check()
         assert raised.value.param == "guided_json" and f"x-guidance.{option} {json.dumps(value)}" in str(raised.value)
+        # a separator JSON allows (whitespace around its , or :) is refused for the layout alone, not as "not JSON"
+        assert ("is not JSON" in str(raised.value)) is not_json
     # Glimmer's own layout, given again, changes nothing
     same = {**schema, "x-guidance": {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}}
     params = StructuredOutputsParams(json=same, strict=strict)
@@ -1213,8 +1217,8 @@ def test_a_tool_parameter_whose_own_engine_options_lay_its_value_out_otherwise_i
                                        "x-guidance": {"item_separator": ";"}}}}
     with pytest.raises(RequestError) as raised:
         check_tool_parameters(parameters, "tools[0].function.parameters", strict)
-    assert raised.value.param == "tools[0].function.parameters"
-    assert 'x-guidance.item_separator ";"' in str(raised.value)
+    assert raised.value.param == "tools[0].function.parameters.properties.a"
+    assert str(raised.value).startswith('tools[0].function.parameters.properties.a: x-guidance.item_separator ";"')
     del parameters["properties"]["a"]["x-guidance"]
     check_tool_parameters(parameters, "tools[0].function.parameters", strict)
 
@@ -1231,9 +1235,11 @@ def test_a_tool_reference_by_anchor_or_id_is_refused_since_a_call_cannot_follow_
     parameters = {"$id": "https://example.com/tool.json", "type": "object", "required": ["a"],
                   "$defs": {"count": {**definition, "type": "integer", "minimum": 100, "maximum": 105}},
                   "properties": {"a": {"$ref": reference}}}
-    with pytest.raises(RequestError) as raised:
-        check_tool_parameters(parameters, "tools[0].function.parameters", strict)
-    assert raised.value.param == "tools[0].function.parameters" and f"$ref {reference!r}" in str(raised.value)
+    for _ in range(2):  # the second time from the cached verdict
+        with pytest.raises(RequestError) as raised:
+            check_tool_parameters(parameters, "tools[0].function.parameters", strict)
+        assert raised.value.param == "tools[0].function.parameters.properties.a"
+        assert str(raised.value).startswith(f"tools[0].function.parameters.properties.a: $ref {reference!r}")
     parameters["properties"]["a"]["$ref"] = "#/$defs/count"  # the pointer the message asks for
     check_tool_parameters(parameters, "tools[0].function.parameters", strict)
     tools = normalize_tools([{"type": "function", "function": {"name": "f", "parameters": parameters,
@@ -1241,3 +1247,19 @@ def test_a_tool_reference_by_anchor_or_id_is_refused_since_a_call_cannot_follow_
     constraint = TurnConstraint(call_tools=tools, must_call=True)
     assert admits(compiler, tokenizer, constraint, call("f", ("a", "101")))
     assert not admits(compiler, tokenizer, constraint, call("f", ("a", "7")))
+
+
+def test_a_layout_option_below_an_answer_schemas_root_is_refused_naming_its_path_not_dropped():
+    """Below an answer schema's root the engine would ignore `x-guidance`: it is refused there too, naming where it is,
+    and a value the Python API passes that is no JSON is shown by its repr (json.dumps raised a bare TypeError)."""
+    schema = {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"},
+                                                     "x-guidance": {"item_separator": ";"}}}}
+    with pytest.raises(RequestError) as raised:
+        answer_grammar(StructuredOutputsParams(json=schema), "guided_json")
+    assert raised.value.param == "guided_json.properties.a"
+    assert str(raised.value).startswith('guided_json.properties.a: x-guidance.item_separator ";"')
+    schema["properties"]["a"]["x-guidance"] = {"key_separator": {";"}}
+    with pytest.raises(RequestError) as raised:
+        answer_grammar(StructuredOutputsParams(json=schema), "structured_outputs")
+    assert raised.value.param == "structured_outputs.properties.a" and "x-guidance.key_separator {';'}" in str(
+        raised.value)
