@@ -189,10 +189,15 @@ def _read_flat_vision(section: Section, head: Fields) -> Callable[[], VisionConf
         hidden = positive_int(values["hidden_size"], names["hidden_size"], notes)
         n = layer_count(values["num_hidden_layers"], names["num_hidden_layers"], notes)
         ratio = values["vision_mlp_ratio"]
-        # NaN and infinity (Python's json reads them) give no width: round() would fail on them with a bare error
-        if not is_number(ratio) or ratio <= 0 or not math.isfinite(ratio * hidden):
+        width = ratio * hidden if is_number(ratio) and ratio > 0 else math.nan
+        # NaN and infinity (Python's json reads them) give no width: round() would fail on them with a bare error;
+        # an integer past a float's range (10**400 written as digits) makes isfinite itself raise OverflowError
+        try:
+            finite = math.isfinite(width)
+        except OverflowError:
+            finite = False
+        if not finite:
             raise notes.error(f"vision_mlp_ratio={ratio!r} is invalid; expected a positive finite number")
-        width = ratio * hidden
         if abs(width - round(width)) > 1e-6:
             raise notes.error(
                 f"vision_mlp_ratio={ratio!r} × vision_latent_dim={hidden} = {width!r} is not a whole number, so it "

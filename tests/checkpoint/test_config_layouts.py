@@ -904,11 +904,13 @@ def test_a_vision_adapter_of_no_width_is_refused_naming_its_field(layout, key):
     expect_error(raw, f"{key}=0 is invalid; expected a positive integer, the width of the vision adapter's layers")
 
 
-@pytest.mark.parametrize("ratio", [float("nan"), float("inf"), 1e308], ids=["nan", "infinity", "infinite-width"])
+@pytest.mark.parametrize("ratio", [float("nan"), float("inf"), 1e308, 10**400],
+                         ids=["nan", "infinity", "infinite-width", "integer-past-float"])
 @pytest.mark.parametrize("layout", ["flat", "vendor"])
 def test_a_vision_mlp_ratio_giving_no_finite_width_is_refused_naming_it(layout, ratio):
     """config.json's NaN and Infinity, which Python's json reads, passed the positive-number check and failed in
-    round() with a bare ValueError or OverflowError (a traceback from `glimmer inspect`), naming no field."""
+    round() with a bare ValueError or OverflowError (a traceback from `glimmer inspect`), naming no field; an integer
+    too large for a float (10**400 written as digits) made the finiteness check itself raise a bare OverflowError."""
     raw = json.loads(json.dumps(config_to_dict(tiny_model(), layout) | {"vision_mlp_ratio": ratio}))
     expect_error(raw, f"vision_mlp_ratio={ratio!r} is invalid; expected a positive finite number")
 
