@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import urlsplit
 
-from glimmer.default_model import DEFAULT_DRAFTER_NAME, DEFAULT_MODEL_BLURB, DEFAULT_MODEL_NAME
+from glimmer.default_model import DEFAULT_MODEL_BLURB, DEFAULT_MODEL_NAME, EMBEDDED_MODEL_NAMES
 from glimmer.engine.sampling_params import SEED_RANGE
 from glimmer.errors import ConfigError, GlimmerError, RequestError
 from glimmer.multimodal.settings import NOT_A_HOST_NAME, MediaFetchPolicy, MediaLimits, host_name
@@ -1079,7 +1079,6 @@ def _read_tools(path: str) -> list[dict[str, Any]]:
 
 
 _HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
-_EMBEDDED_MODEL_NAMES = (DEFAULT_MODEL_NAME, DEFAULT_DRAFTER_NAME)  # the names that stand for the embedded models
 """A Hub model id (owner/name): where a key is expected, `--api-key KEY owner/name` took the MODEL as a second key."""
 
 
@@ -1221,7 +1220,7 @@ def _refuse_a_model_taken_by_a_list_option(args: argparse.Namespace, command: st
         # knows the model's name; as a served name or a host, a model's name is harmless and may be meant
         model_like = values and values[-1] and (Path(values[-1]).expanduser().exists()  # Path("") is the cwd
                                                 or dest == "api_key" and (_HUB_ID.fullmatch(values[-1]) is not None
-                                                                          or values[-1] in _EMBEDDED_MODEL_NAMES))
+                                                                          or values[-1] in EMBEDDED_MODEL_NAMES))
         if model_like:
             flag = f"--{dest.replace('_', '-')}"
             raise UsageError(f"{flag} took the model {values[-1]} as one of its values, so no MODEL is given and "

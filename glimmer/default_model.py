@@ -42,7 +42,12 @@ def default_drafter_dir() -> Path:
     return _embedded(DEFAULT_DRAFTER_NAME, "model.safetensors")
 
 
+_EMBEDDED_MODEL_DIRS = {DEFAULT_MODEL_NAME: default_model_dir, DEFAULT_DRAFTER_NAME: default_drafter_dir}
+EMBEDDED_MODEL_NAMES = frozenset(_EMBEDDED_MODEL_DIRS)
+"""The names that stand for the embedded models (the names the server reports)."""
+
+
 def embedded_model_dir(name: str) -> Path | None:
     """The directory of the embedded model called `name` (the names the server reports), None for other names."""
-    find = {DEFAULT_MODEL_NAME: default_model_dir, DEFAULT_DRAFTER_NAME: default_drafter_dir}.get(name)
+    find = _EMBEDDED_MODEL_DIRS.get(name)
     return find() if find is not None else None
