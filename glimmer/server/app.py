@@ -37,8 +37,8 @@ from glimmer.server.context import ServingContext
 from glimmer.server.errors import APIError, error_body, error_response
 from glimmer.server.invocations import invoke
 from glimmer.server.metrics import ServerMetrics
+from glimmer.server.request_id import ADDED_HEADERS, MADE_ID
 from glimmer.server.request_id import HEADER as REQUEST_ID_HEADER
-from glimmer.server.request_id import MADE_ID
 from glimmer.server.responses import (
     cancel_response,
     count_input_tokens,
@@ -459,14 +459,16 @@ class _HeaderCountLimit(_HttpMiddleware):
     """vLLM's --h11-max-header-count: a request with more header fields is answered 431 before any route reads it
     (thousands of small headers cost the server time in every middleware and route that looks one up); the
     middlewares outside it (request accounting, the request id, CORS) each look up one header. The X-Request-Id
-    header --enable-request-id-headers made for a request that sent none is not the client's, and is not counted."""
+    header --enable-request-id-headers made for a request that sent none is not the client's, and is not counted; an
+    empty one it replaced is the client's, and is. A CORS preflight is answered by the CORS middleware, outside this
+    one, so the limit does not apply to it."""
 
     def __init__(self, app: ASGIApp, max_header_count: int):
         super().__init__(app)
         self.max_header_count = max_header_count
 
     async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        count = len(scope["headers"]) - (MADE_ID in scope.get("state", {}))
+        count = len(scope["headers"]) - scope.get("state", {}).get(ADDED_HEADERS, 0)
         if count <= self.max_header_count:
             await self.app(scope, receive, send)
             return
@@ -486,8 +488,9 @@ class _RequestIdHeaders(_HttpMiddleware):
         if request_id is None:  # made here (an empty header is none); a body's `request_id` replaces it
             request_id = uuid.uuid4().hex.encode()
             state = {**scope.get("state", {}), MADE_ID: request_id.decode()}
-            headers = [(key, value) for key, value in scope["headers"] if key != name]
-            scope = {**scope, "headers": [*headers, (name, request_id)], "state": state}
+            headers = [*(header for header in scope["headers"] if header[0] != name), (name, request_id)]
+            state[ADDED_HEADERS] = len(headers) - len(scope["headers"])
+            scope = {**scope, "headers": headers, "state": state}
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":

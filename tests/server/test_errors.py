@@ -610,6 +610,20 @@ def test_a_431_for_too_many_headers_carries_the_cors_and_request_id_headers(make
         assert live.metrics()['glimmer_requests_total{endpoint="/health",status="431"}'] == 1
 
 
+def test_an_empty_request_id_header_counts_toward_the_header_limit(make_tiny):
+    """--enable-request-id-headers replaces an empty X-Request-Id with one it makes, leaving the count unchanged, but
+    the limit took one off as for a header the server added: a client one header over the limit got through."""
+    with live_server(make_tiny(), scripted=True, request_id_headers=True, max_header_count=8) as live:
+        # httpx sends 5 of its own: with the client's empty X-Request-Id, 9 in all
+        headers = {"x-a": "1", "x-b": "1", "x-c": "1", "X-Request-Id": ""}
+        response = httpx.get(live.url + "/health", headers=headers)
+        assert len(response.request.headers) == 9, response.request.headers
+        assert error_of(response, 431)["code"] == "request_header_fields_too_large"
+        assert "has 9 header fields" in error_of(response, 431)["message"]
+        del headers["x-b"]
+        assert httpx.get(live.url + "/health", headers=headers).status_code == 200
+
+
 @pytest.mark.parametrize("path", ["/v1/realtime?model=tiny", "/v1/chat/completions"])
 def test_a_websocket_handshake_is_an_openai_style_400(server, path):
     """No route takes a WebSocket: Starlette closed the handshake, which uvicorn sent as a bodiless 403."""
