@@ -10,6 +10,7 @@ are read in place: nothing is written at startup.
 
 from __future__ import annotations
 
+import os
 from importlib import resources
 from pathlib import Path
 
@@ -51,3 +52,12 @@ def embedded_model_dir(name: str) -> Path | None:
     """The directory of the embedded model called `name` (the names the server reports), None for other names."""
     find = _EMBEDDED_MODEL_DIRS.get(name)
     return find() if find is not None else None
+
+
+def model_location(model: str | os.PathLike) -> Path:
+    """Where a local `model` is read from: an existing directory, else the embedded model of that name
+    (`glimmer-nano`), else the path as written (`~` expanded). Raises CheckpointError if the install lacks the
+    embedded model named."""
+    path = Path(model).expanduser()
+    embedded = None if path.is_dir() else embedded_model_dir(str(model))
+    return embedded if embedded is not None else path

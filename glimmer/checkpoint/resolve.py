@@ -18,7 +18,7 @@ from typing import TypeVar
 from glimmer.checkpoint.broken_links import broken_link_problem, is_broken_link
 from glimmer.checkpoint.gguf_file import is_gguf_path
 from glimmer.checkpoint.pickle_files import PICKLE_PATTERNS, TRAINING_STATE_PATTERNS
-from glimmer.default_model import DEFAULT_MODEL_NAME, embedded_model_dir
+from glimmer.default_model import DEFAULT_MODEL_NAME, model_location
 from glimmer.errors import CheckpointError
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
@@ -78,12 +78,9 @@ def inspected_checkpoint(model: str | os.PathLike, *, revision: str | None = Non
 
 def _local_checkpoint(model: str | os.PathLike) -> Path | None:
     """The local directory or GGUF file `model` names (None: a Hub id, to download). Raises CheckpointError."""
-    path = Path(model).expanduser()
+    path = model_location(model)
     if path.is_dir():
         return path
-    embedded = embedded_model_dir(str(model))
-    if embedded is not None:
-        return embedded
     if path.exists():
         if is_gguf_path(path):
             return path

@@ -11,10 +11,9 @@ import inspect
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
-from pathlib import Path
 from typing import Any, TypeVar
 
-from glimmer.default_model import embedded_model_dir
+from glimmer.default_model import model_location
 from glimmer.errors import UnsupportedArgumentError
 
 ChangesNothing = Callable[[Any, Mapping[str, Any]], bool]
@@ -67,14 +66,6 @@ def _max_logprobs_changes_nothing(value: object, given: Mapping[str, Any]) -> bo
     return type(value) is int and value == MAX_LOGPROBS
 
 
-def _checkpoint_location(model: str | os.PathLike) -> Path:
-    """Where `model` is read from, as checkpoint.resolve finds it: an existing directory, else the embedded model of
-    that name (`glimmer-nano`), else the path as written."""
-    path = Path(model).expanduser()
-    embedded = None if path.is_dir() else embedded_model_dir(str(model))
-    return embedded if embedded is not None else path
-
-
 def _tokenizer_changes_nothing(value: object, given: Mapping[str, Any]) -> bool:
     """None, or the model itself: the same string, or a path to the same file or directory (`./model/` for `model`,
     a str for a Path, the embedded model's directory for `glimmer-nano`)."""
@@ -83,7 +74,7 @@ def _tokenizer_changes_nothing(value: object, given: Mapping[str, Any]) -> bool:
         return True
     if not isinstance(value, str | os.PathLike) or not isinstance(model, str | os.PathLike):
         return False
-    tokenizer_path, model_path = _checkpoint_location(value), _checkpoint_location(model)
+    tokenizer_path, model_path = model_location(value), model_location(model)
     return tokenizer_path.exists() and model_path.exists() and tokenizer_path.resolve() == model_path.resolve()
 
 
