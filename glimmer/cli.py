@@ -1141,11 +1141,10 @@ def _check_serve_options(args: argparse.Namespace) -> None:
                          "default), or 0.0.0.0 for every interface")
     if args.api_key is not None and not all(key.strip() for key in args.api_key):  # `--api-key "$KEY"`, KEY unset
         raise UsageError("--api-key is empty; give the key clients must send, or leave it out to serve without one")
-    # the variable _serve_api_key reads the key from
-    variable = next((name for name in ("GLIMMER_API_KEY", "VLLM_API_KEY") if os.environ.get(name)), None)
-    if args.api_key is None and variable is not None and not os.environ[variable].strip():
-        raise UsageError(f"${variable} is blank (whitespace only); set it to the key clients must send, or unset it "
-                         "to serve without one")
+    from_environment = _api_key_from_environment()
+    if args.api_key is None and from_environment is not None and not from_environment[1].strip():
+        raise UsageError(f"${from_environment[0]} is blank (whitespace only); set it to the key clients must send, or "
+                         "unset it to serve without one")
     if args.metrics_require_api_key and not _serve_api_key(args):
         raise UsageError("--metrics-require-api-key needs a key to require; give --api-key (or GLIMMER_API_KEY)")
     _check_served_model_names(args)
@@ -1295,7 +1294,15 @@ def _serve_api_key(args: argparse.Namespace) -> str | tuple[str, ...] | None:
     refused."""
     if args.api_key is not None:
         return tuple(args.api_key)
-    return os.environ.get("GLIMMER_API_KEY") or os.environ.get("VLLM_API_KEY") or None
+    from_environment = _api_key_from_environment()
+    return from_environment[1] if from_environment is not None else None
+
+
+def _api_key_from_environment() -> tuple[str, str] | None:
+    """The variable `glimmer serve` reads its key from when --api-key is not given, and its value: $GLIMMER_API_KEY,
+    else vLLM's $VLLM_API_KEY, the first set and not empty; None when neither is."""
+    return next(((name, os.environ[name]) for name in ("GLIMMER_API_KEY", "VLLM_API_KEY") if os.environ.get(name)),
+                None)
 
 
 def _generation_config(text: str) -> str:
