@@ -185,7 +185,7 @@ def _sampling_defaults(file: GGUFFile) -> dict[str, Any]:
     # the others (penalty_repeat, penalty_last_n, mirostat, xtc_*, sequence) are llama.cpp's own samplers: a request
     # does not run them, so they are said to be ignored, as the muse-glimmer.* keys Glimmer does not read are
     unread = sorted(key for key in file.metadata if key.startswith("general.sampling.")
-                    and key not in _SAMPLING_KEYS and key != _SAMPLING_TOP_K)
+                    and key not in _SAMPLING_SOURCE_KEYS.values())
     if unread:
         logger.warning("%s: ignoring sampling defaults Glimmer does not read (llama.cpp's own samplers; set them in "
                        "each request where Glimmer has one): %s", file.path, ", ".join(unread))
