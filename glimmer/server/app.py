@@ -167,8 +167,7 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
         message, headers = str(exc.detail), exc.headers
         if exc.status_code == 404 and exc.detail == "Not Found":
             message = _unknown_route(request)
-        elif exc.status_code == 405 and (allowed := ", ".join(_allowed_methods(app, request.scope))
-                                         or (headers or {}).get("Allow")):  # the page files name their own
+        elif exc.status_code == 405 and (allowed := ", ".join(_allowed_methods(app, request.scope))):
             message = f"Method not allowed ({_request_line(request)}); this route takes {allowed}"
             headers = {**(headers or {}), "Allow": allowed}
         return JSONResponse(error_body(message, "invalid_request_error", None, code),
@@ -241,10 +240,13 @@ _HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 def _allowed_methods(app: FastAPI, scope: Scope) -> list[str]:
     """The methods the routes of a request's path take, for a 405's `Allow` header (RFC 9110 §15.5.6: all of them):
     Starlette's names only the first route's, and GET and HEAD, or /ping's POST, are routes of their own here. The
-    mounted page files (whose 405 names their own in `Allow`) take none here. /v1/responses/compact and /input_tokens
-    take POST alone: the `{response_id}` routes that match them too refuse them (`_not_a_stored_response`)."""
+    mounted page files take GET and HEAD, stated here: the `Allow` of Starlette's StaticFiles 405 is not set in every
+    Starlette version. /v1/responses/compact and /input_tokens take POST alone: the `{response_id}` routes that match
+    them too refuse them (`_not_a_stored_response`)."""
     if get_route_path(scope).removeprefix("/v1/responses/") in _RESPONSES_ROUTES:
         return ["POST"]
+    if isinstance(scope.get("endpoint"), _PageFiles):  # the mount's scope: its path is the file's, under /static
+        return ["GET", "HEAD"]  # StaticFiles serves these alone
     routes = [route for route in app.router.routes if not isinstance(route, Mount)]
     return [method for method in _HTTP_METHODS
             if any(route.matches({**scope, "method": method})[0] == Match.FULL for route in routes)]

@@ -12,6 +12,8 @@ import httpx
 import openai
 import pytest
 from server_support import PINNED_DATE, WEATHER_TOOL, live_server
+from starlette.exceptions import HTTPException
+from starlette.staticfiles import StaticFiles
 
 import glimmer
 from glimmer.multimodal.errors import MediaFetchBusyError
@@ -552,6 +554,18 @@ def test_a_wrong_method_on_a_responses_route_of_its_own_is_a_405_naming_post(ser
 
 def test_a_wrong_method_on_a_page_file_is_a_405_naming_the_methods_it_takes_too(server):
     """The page files' 405 said only "Method Not Allowed", where every other route's names the methods it takes."""
+    response = httpx.post(server.url + "/static/chat.js")
+    assert response.headers["allow"] == "GET, HEAD"
+    assert error_of(response, 405)["message"] == "Method not allowed (POST /static/chat.js); this route takes GET, HEAD"
+
+
+def test_a_page_file_s_405_names_get_and_head_where_starlette_s_has_no_allow(server, monkeypatch):
+    """The page files' 405 took its methods from the Allow header of Starlette's StaticFiles 405, which not every
+    Starlette version sets: without it the message was "Method Not Allowed" alone, and the response had no Allow."""
+    async def refused_without_allow(self, path, scope):
+        raise HTTPException(status_code=405)
+
+    monkeypatch.setattr(StaticFiles, "get_response", refused_without_allow)
     response = httpx.post(server.url + "/static/chat.js")
     assert response.headers["allow"] == "GET, HEAD"
     assert error_of(response, 405)["message"] == "Method not allowed (POST /static/chat.js); this route takes GET, HEAD"
