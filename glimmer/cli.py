@@ -302,9 +302,9 @@ def _cmd_make_tiny(args: argparse.Namespace) -> int:
 
 
 def _default_model_note(args: argparse.Namespace) -> str | None:
-    """The line a command with no MODEL tells the user what it runs: the embedded demo, or with --load-format dummy
-    only its geometry, whose random weights call no tools (the demo's blurb promised they did); None where MODEL is
-    given."""
+    """The line that tells the user of a command given no MODEL what it runs: the embedded demo model, or with
+    --load-format dummy only the demo's geometry, whose random weights call no tools (the demo's blurb would promise
+    that they do). None when a MODEL is given."""
     if args.model is not None:
         return None
     if args.load_format == "dummy":

@@ -192,7 +192,7 @@ def _text_config(file: GGUFFile) -> tuple[TextConfig, list[str]]:
     defaulted: list[str] = []
     notes: list[str] = _check_unread_keys(file)
 
-    def optional(name: str) -> float:
+    def optional(name: str) -> float | int:
         if file.has(_key(name)):
             # an integer key (the window, a UINT32 in llama.cpp) is read as one, not truncated from a float
             return file.integer(_key(name)) if isinstance(_OPTIONAL_DEFAULTS[name], int) else file.number(_key(name))
