@@ -371,8 +371,9 @@ def _not_utf8(body: bytes) -> RequestError | None:
     try:
         body.decode("utf-8")
     except UnicodeDecodeError as error:
-        return RequestError(f"the request body is not UTF-8 text (byte {body[error.start]:#04x} at offset "
-                            f"{error.start}); send JSON encoded as UTF-8", param=None)
+        # byte N counted from 1, as run-batch names the byte of a line that is not UTF-8 (batch._parse_line)
+        return RequestError(f"the request body is not UTF-8 text (byte {error.start + 1} is "
+                            f"{body[error.start]:#04x}); send JSON encoded as UTF-8", param=None)
     return None
 
 
