@@ -37,7 +37,7 @@ from glimmer.server.context import ServingContext
 from glimmer.server.errors import APIError, error_body, error_response
 from glimmer.server.invocations import invoke
 from glimmer.server.metrics import ServerMetrics
-from glimmer.server.request_id import ADDED_HEADERS, MADE_ID
+from glimmer.server.request_id import CLIENT_HEADER_COUNT, MADE_ID
 from glimmer.server.request_id import HEADER as REQUEST_ID_HEADER
 from glimmer.server.responses import (
     cancel_response,
@@ -58,7 +58,9 @@ _ENDPOINTS = ("/", "/v1/chat/completions", "/v1/completions", "/v1/responses", "
               "/v1/responses/compact", "/v1/models", "/tokenize", "/detokenize", "/health", "/ping", "/invocations",
               "/version", "/metrics")
 _STORED_RESPONSE_ROUTES = ("input_items", "cancel")  # /v1/responses/{id}/...
-_RESPONSES_ROUTES = ("compact", "input_tokens")  # /v1/responses/...: routes of their own, no stored response's id
+_RESPONSES_ROUTES = tuple(endpoint.removeprefix("/v1/responses/") for endpoint in _ENDPOINTS
+                          if endpoint.startswith("/v1/responses/"))
+"""/v1/responses/compact and /input_tokens: routes of their own, no stored response's id."""
 _CLIENT_CLOSED_REQUEST = 499
 STATIC_DIR = Path(__file__).parent / "static"
 """The chat page served at `/` (plain HTML, CSS and JavaScript; no build step)."""
@@ -470,7 +472,7 @@ class _HeaderCountLimit(_HttpMiddleware):
         self.max_header_count = max_header_count
 
     async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        count = len(scope["headers"]) - scope.get("state", {}).get(ADDED_HEADERS, 0)
+        count = scope.get("state", {}).get(CLIENT_HEADER_COUNT, len(scope["headers"]))
         if count <= self.max_header_count:
             await self.app(scope, receive, send)
             return
@@ -491,7 +493,7 @@ class _RequestIdHeaders(_HttpMiddleware):
             request_id = uuid.uuid4().hex.encode()
             state = {**scope.get("state", {}), MADE_ID: request_id.decode()}
             headers = [*(header for header in scope["headers"] if header[0] != name), (name, request_id)]
-            state[ADDED_HEADERS] = len(headers) - len(scope["headers"])
+            state[CLIENT_HEADER_COUNT] = len(scope["headers"])
             scope = {**scope, "headers": headers, "state": state}
 
         async def send_with_id(message: Message) -> None:

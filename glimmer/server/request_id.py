@@ -21,10 +21,9 @@ HEADER = "X-Request-Id"
 MADE_ID = "glimmer_made_request_id"
 """The scope state key under which --enable-request-id-headers keeps the id it made for a request that sent none: a
 body's `request_id` replaces it, there and in the response's header."""
-ADDED_HEADERS = "glimmer_request_id_headers_added"
-"""The scope state key under which --enable-request-id-headers keeps how many header fields it added to the request's
-(1 for a request that sent no X-Request-Id, 0 for an empty one it replaced): the header count limit counts the
-client's alone."""
+CLIENT_HEADER_COUNT = "glimmer_client_header_count"
+"""The scope state key under which --enable-request-id-headers keeps how many header fields the client sent, before
+it replaced an empty X-Request-Id or added one: the header count limit counts the client's alone."""
 MAX_CHARS = 256
 # visible ASCII, with inner spaces: it goes into response ids, log lines and (--enable-request-id-headers) a header
 _PRINTABLE = re.compile(r"[!-~](?:[ -~]*[!-~])?")
