@@ -6,6 +6,7 @@ checks of single values (`positive_int`, `checked_bool`, …) whose errors name 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -194,6 +195,17 @@ def is_int(value: Any) -> bool:
 
 def is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def is_finite_number(value: Any) -> bool:
+    """A number a float holds as a finite value: not NaN or infinity (Python's json reads them), and no integer past
+    a float's range (10**400 written as digits, on which math.isfinite itself raises OverflowError)."""
+    if not is_number(value):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def as_float(value: Any) -> Any:

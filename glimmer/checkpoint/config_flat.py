@@ -26,6 +26,7 @@ from glimmer.checkpoint.config_fields import (
     Fields,
     Notes,
     Section,
+    is_finite_number,
     is_number,
     layer_count,
     positive_int,
@@ -190,13 +191,7 @@ def _read_flat_vision(section: Section, head: Fields) -> Callable[[], VisionConf
         n = layer_count(values["num_hidden_layers"], names["num_hidden_layers"], notes)
         ratio = values["vision_mlp_ratio"]
         width = ratio * hidden if is_number(ratio) and ratio > 0 else math.nan
-        # NaN and infinity (Python's json reads them) give no width: round() would fail on them with a bare error;
-        # an integer past a float's range (10**400 written as digits) makes isfinite itself raise OverflowError
-        try:
-            finite = math.isfinite(width)
-        except OverflowError:
-            finite = False
-        if not finite:
+        if not is_finite_number(width):  # round() would fail on NaN, infinity or a huge integer with a bare error
             raise notes.error(f"vision_mlp_ratio={ratio!r} is invalid; expected a positive finite number")
         if abs(width - round(width)) > 1e-6:
             raise notes.error(

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from glimmer.checkpoint.config import ModelConfig, TextConfig
+from glimmer.checkpoint.config_fields import is_int
 from glimmer.checkpoint.config_layouts import normalize_config
 from glimmer.checkpoint.mapped_tensors import MappedTensor, MappedTensors
 from glimmer.checkpoint.safetensors_files import SafetensorsCheckpoint, TensorInfo
@@ -140,10 +141,10 @@ def _parse_quantization(spec: dict[str, Any], name: str, source: Path) -> _Quant
         raise CheckpointError(f"{source}: {name}.mode={mode!r} is not supported; Glimmer reads MLX's affine "
                               "quantization (scales and biases per group): regenerate the artifact with mode affine")
     group, bits = spec.get("group_size"), spec.get("bits")
-    if not isinstance(group, int) or isinstance(group, bool) or group <= 0:
+    if not is_int(group) or group <= 0:
         raise CheckpointError(f"{source}: {name}.group_size={group!r} is invalid; expected a positive integer")
     # 4.0 is "in" the tuple but no bit count: the unpacking's shifts need an integer
-    if not isinstance(bits, int) or isinstance(bits, bool) or bits not in _SUPPORTED_BITS:
+    if not is_int(bits) or bits not in _SUPPORTED_BITS:
         raise CheckpointError(f"{source}: {name}.bits={bits!r} is invalid; MLX affine quantization uses "
                               f"{list(_SUPPORTED_BITS)}")
     return _Quantization(group, bits)
