@@ -714,8 +714,7 @@ def check_tool_parameters(parameters: Mapping[str, Any], param: str, strict: boo
     if text is None or _accepted_schema(text, strict) != parameters:
         if strict:  # a call may write any parameter: an optional one's bounds are named before the other checks
             _refuse_empty_bounds(parameters, param, every_property=True)
-        check_json_schema(parameters, param, strict)
-        _refuse_references_a_call_cannot_follow(parameters, param)
+        _check_call_parameters(parameters, param, strict)
     properties, required = parameters.get("properties"), parameters.get("required", [])
     if not isinstance(properties, Mapping) or not isinstance(required, list) or all(
             key in required for key in properties):
@@ -724,6 +723,14 @@ def check_tool_parameters(parameters: Mapping[str, Any], param: str, strict: boo
     if unsatisfiable is not None:
         path, reason = unsatisfiable
         raise RequestError(f"{param}{path}: {reason}", param=f"{param}{path}")
+
+
+def _check_call_parameters(parameters: Mapping[str, Any], param: str, strict: bool) -> None:
+    """The checks whose verdict `_accepted_schema` remembers: `check_json_schema`, then the `$ref`s a call can
+    follow (`_refuse_references_a_call_cannot_follow`); one list, so the remembered verdict and the refusal that
+    names the field cannot drift apart."""
+    check_json_schema(parameters, param, strict)
+    _refuse_references_a_call_cannot_follow(parameters, param)
 
 
 def _refuse_references_a_call_cannot_follow(parameters: Mapping[str, Any], param: str) -> None:
@@ -746,15 +753,13 @@ def _refuse_references_a_call_cannot_follow(parameters: Mapping[str, Any], param
 
 @functools.lru_cache(maxsize=1024)
 def _accepted_schema(schema_text: str, strict: bool) -> Any:
-    """The schema of JSON text `schema_text` where `check_json_schema` accepts it at this strictness and a call can
-    follow its `$ref`s (`_refuse_references_a_call_cannot_follow`), else None.
+    """The schema of JSON text `schema_text` where `_check_call_parameters` accepts it at this strictness, else None.
     Keyed by the whole text and the strictness, the verdict's only inputs (a field name only names a refusal), so a
     hit is this schema's own verdict; the caller checks a refused one again, to raise the refusal naming its field.
     Callers compare, never change, what it returns."""
     try:
         schema = json.loads(schema_text)
-        check_json_schema(schema, "parameters", strict)
-        _refuse_references_a_call_cannot_follow(schema, "parameters")
+        _check_call_parameters(schema, "parameters", strict)
     except (RequestError, RecursionError):  # nested past the decoder's depth: the caller's check names it
         return None
     return schema
