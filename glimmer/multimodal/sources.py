@@ -82,6 +82,11 @@ def _is_base64_of_media(payload: str, kind: str) -> bool:
         data = _forgiving_base64(text)
     except (binascii.Error, ValueError):
         return False
+    return _is_media_data(data, kind)
+
+
+def _is_media_data(data: bytes, kind: str) -> bool:
+    """Whether `data` starts as an image's (or a video's, as `kind` says) bytes do."""
     return is_image_data(data) if kind == "image" else is_video_data(data)
 
 
@@ -154,7 +159,7 @@ def _fetch_remote(url: str, kind: str, index: int, policy: MediaFetchPolicy, can
                                   "(Python)")
     try:
         data = fetch_remote(url, policy, cancel)
-        if not (is_image_data(data) if kind == "image" else is_video_data(data)):
+        if not _is_media_data(data, kind):
             # a decoding error would tell the client that something answered 200 there
             raise RemoteMediaError(f"the body ({len(data):,} bytes) is not a recognizable {kind}")
         return data
