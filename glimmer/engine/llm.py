@@ -529,8 +529,6 @@ class LLM:
         shows the prompts whose search ended. The arguments stand in vLLM's order, so that its positional calls
         (`beam_search(prompts, params, None, True)`) mean the same here; `lora_request` and `concurrency_limit` are
         taken at the values that change nothing (None) and otherwise refused saying what to do instead."""
-        glimmer_arguments("LLM.beam_search", [], VLLM_ONLY_BEAM_SEARCH_ARGUMENTS,
-                          {"lora_request": lora_request, "concurrency_limit": concurrency_limit})
         check_not_forked("LLM.beam_search")
         if not isinstance(params, BeamSearchParams):
             raise RequestError(f"params must be a BeamSearchParams(beam_width=..., max_tokens=...), not "

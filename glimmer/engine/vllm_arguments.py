@@ -258,12 +258,24 @@ def method_takes_vllm_arguments(vllm_only: Mapping[str, VllmArgument]) -> Callab
     refused with what to do instead; any other unknown keyword is refused naming the closest parameter."""
 
     def decorate(method: Method) -> Method:
-        known = [name for name in inspect.signature(method).parameters if name != "self"]
+        signature = inspect.signature(method)
+        known = [name for name in signature.parameters if name != "self"]
+        # vLLM's arguments the method names among its own parameters, to keep vLLM's positional order (beam_search's
+        # lora_request): taken by position or name, and checked as the others are
+        own_vllm_only = {name: vllm_only[name] for name in known if name in vllm_only}
 
         @functools.wraps(method)
         def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
             callee = f"{type(self).__name__}.{method.__name__}"
-            return method(self, *args, **glimmer_arguments(callee, known, vllm_only, kwargs))
+            taken = glimmer_arguments(callee, known, vllm_only, kwargs)
+            if own_vllm_only:
+                try:
+                    given = signature.bind_partial(self, *args, **taken).arguments
+                except TypeError:  # the call itself names what is wrong with its arguments
+                    given = {}
+                glimmer_arguments(callee, [], own_vllm_only,
+                                  {name: given[name] for name in own_vllm_only if name in given})
+            return method(self, *args, **taken)
 
         return wrapper  # type: ignore[return-value]
 
