@@ -28,7 +28,7 @@ from glimmer.engine.sampling_params import SEED_RANGE
 from glimmer.errors import ConfigError, GlimmerError, RequestError
 from glimmer.multimodal.settings import NOT_A_HOST_NAME, MediaFetchPolicy, MediaLimits, host_name
 from glimmer.server.settings import API_KEY_ROUTES, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_REQUEST_READ_TIMEOUT_S
-from glimmer.sigterm import give_back_sigterm, take_over_sigterm
+from glimmer.sigterm import SigtermWatch, Terminated, give_back_sigterm
 
 
 class UsageError(GlimmerError):
@@ -344,19 +344,19 @@ def _engine_from_args(args: argparse.Namespace) -> tuple[Any, str]:
     return engine, name
 
 
-def _heeding_sigterm(command: Callable[[argparse.Namespace, _SigtermWatch], int], args: argparse.Namespace,
+def _heeding_sigterm(command: Callable[[argparse.Namespace, SigtermWatch], int], args: argparse.Namespace,
                      stopped: str, stopped_status: int) -> int:
-    """`command(args, sigterm)` with SIGTERM raising _Terminated (`sigterm`, a _SigtermWatch) from the start, before
+    """`command(args, sigterm)` with SIGTERM raising Terminated (`sigterm`, a SigtermWatch) from the start, before
     the imports (a second or two) and the checks that precede loading the model: as a container's PID 1, where a
     signal without a handler is ignored, `docker stop` went unheard and the process went on to load the model and
-    work until killed. The command may stop the watch early (serve does, for uvicorn); a _Terminated it lets out
+    work until killed. The command may stop the watch early (serve does, for uvicorn); a Terminated it lets out
     prints `stopped` and returns `stopped_status`, as does a SIGTERM the entry point noted before (glimmer.sigterm).
     A command heeds SIGTERM by its parser's `sigterm_stop` default, (`stopped`, `stopped_status`): build_parser."""
-    sigterm = _SigtermWatch()  # noted from here, raised only once armed, inside the try that says so
+    sigterm = SigtermWatch()  # noted from here, raised only once armed, inside the try that says so
     try:
         sigterm.arm()
         return command(args, sigterm)
-    except _Terminated:
+    except Terminated:
         print(stopped, file=sys.stderr)
         return _ended_at_once_if_a_download_was_left(stopped_status)
     finally:
@@ -381,8 +381,8 @@ def _ended_at_once_if_a_download_was_left(status: int) -> int:
     os._exit(status)
 
 
-def _serve(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
-    """`glimmer serve` with SIGTERM raising _Terminated until `sigterm` is stopped, which it is before the
+def _serve(args: argparse.Namespace, sigterm: SigtermWatch) -> int:
+    """`glimmer serve` with SIGTERM raising Terminated until `sigterm` is stopped, which it is before the
     engine shuts down."""
     import uvicorn
 
@@ -459,10 +459,10 @@ def _serve(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
         # A dead engine thread makes the server useless: stop serving and exit non-zero, so that a supervisor
         # (systemd, Kubernetes) restarts the process instead of keeping a server that only answers 503.
         engine.notify_when_dead(lambda failure: setattr(server, "should_exit", True))
-        # uvicorn re-raises the signal it shut down for: Ctrl-C as KeyboardInterrupt, SIGTERM as _Terminated
+        # uvicorn re-raises the signal it shut down for: Ctrl-C as KeyboardInterrupt, SIGTERM as Terminated
         with contextlib.suppress(KeyboardInterrupt):
             server.run(sockets=[listener])
-    except _Terminated:
+    except Terminated:
         if server is None:  # before serving: _heeding_sigterm says so, once this has cleaned up
             raise
     finally:
@@ -480,8 +480,8 @@ def _serve(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
     return 0 if server.started else 1
 
 
-def _run_batch(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
-    """`glimmer run-batch` with SIGTERM raising _Terminated (a batch running stops as Ctrl-C stops it)."""
+def _run_batch(args: argparse.Namespace, sigterm: SigtermWatch) -> int:
+    """`glimmer run-batch` with SIGTERM raising Terminated (a batch running stops as Ctrl-C stops it)."""
     from glimmer.engine.vllm_arguments import VLLM_RUN_BATCH_ARGUMENTS
     from glimmer.server.batch import parse_batch_input
 
@@ -501,7 +501,7 @@ def _run_batch(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
     try:
         with _batch_output(args.output_file, args.input_file) as output:
             summary, engine = _run_batch_file(args, lines, sigterm, output)
-    except _Terminated:
+    except Terminated:
         if output is None or not output.started:  # the output is as it was: "stopped before the batch began"
             raise
         print(f"run-batch: stopped by SIGTERM; the records finished before it are in {shown}", file=sys.stderr)
@@ -517,10 +517,10 @@ def _run_batch(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
     return 0
 
 
-def _run_batch_file(args: argparse.Namespace, lines: list[Any], sigterm: _SigtermWatch,
+def _run_batch_file(args: argparse.Namespace, lines: list[Any], sigterm: SigtermWatch,
                     output: _BatchOutput) -> tuple[Any, Any]:
     """Load the engine and run `lines` through the server's routes into `output`: (BatchSummary, engine). Raises
-    _Terminated when SIGTERM stops the loading (`output` not started) or the batch (it holds the records finished
+    Terminated when SIGTERM stops the loading (`output` not started) or the batch (it holds the records finished
     before it)."""
     import asyncio
 
@@ -565,7 +565,7 @@ def _run_batch_file(args: argparse.Namespace, lines: list[Any], sigterm: _Sigter
 
 async def _cancelled_by_sigterm(work: Any) -> Any:
     """`work` (a coroutine), cancelled by SIGTERM as asyncio.run cancels it at Ctrl-C, so that it stops as it does
-    then; raises _Terminated once it has. Without it SIGTERM (`docker stop`, a Kubernetes Job deleted) killed
+    then; raises Terminated once it has. Without it SIGTERM (`docker stop`, a Kubernetes Job deleted) killed
     run-batch at once, the records in the output's buffer lost and its last line cut, or went unheard as a
     container's PID 1."""
     import asyncio
@@ -588,7 +588,7 @@ async def _cancelled_by_sigterm(work: Any) -> Any:
         return await work
     except asyncio.CancelledError:
         if terminated:
-            raise _Terminated() from None
+            raise Terminated() from None
         raise
     finally:
         loop.remove_signal_handler(signal.SIGTERM)  # which sets the default handler, not the one it replaced
@@ -672,55 +672,6 @@ def _batch_output(target: str, source: str) -> Iterator[_BatchOutput]:
 def _no_color() -> bool:
     """Whether $NO_COLOR asks for no ANSI colours (no-color.org: set and not empty), as --no-color does."""
     return bool(os.environ.get("NO_COLOR"))
-
-
-class _Terminated(BaseException):
-    """SIGTERM arrived: raised in the main thread so that `glimmer serve` shuts its engine down and exits 0. A
-    BaseException, as KeyboardInterrupt is: the loading code's `except Exception` (a Hub download's) must not take it
-    for a failure of its own."""
-
-
-class _SigtermWatch:
-    """SIGTERM is noted from this watch's creation and raises _Terminated from `arm()` until `stop()`. uvicorn shuts
-    down gracefully on SIGTERM and then raises the signal again to the handler it found: the default one would kill
-    the process (status 143) before the engine is shut down, where SIGTERM should end `glimmer serve` as cleanly as
-    Ctrl-C does (status 0). Until armed a SIGTERM is only noted: raised while the watch was being set up, before the
-    `try` that reports it, it came out of `glimmer.cli.main` as a traceback (status 1).
-
-    `check()` raises _Terminated if SIGTERM came at all: a signal handled while the main thread runs a weakref
-    callback or finalizer (an import lock's, as the loading code imports) raises where Python drops the exception as
-    unraisable, printing its traceback, and the server went on to serve."""
-
-    def __init__(self) -> None:
-        self.arrived = self._armed = self._stopped = False
-        self._previous_hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
-        self._previous, noted_at_start = take_over_sigterm(self._terminated)
-        self.arrived = self.arrived or noted_at_start
-
-    def arm(self) -> None:
-        """From now on a SIGTERM raises _Terminated where it lands; one noted before raises it now."""
-        self._armed = True
-        self.check()
-
-    def _terminated(self, signum: int, frame: Any) -> None:
-        self.arrived = True
-        if self._armed:
-            raise _Terminated()
-
-    def _unraisable(self, report: Any) -> None:
-        if not isinstance(report.exc_value, _Terminated):  # a dropped _Terminated is raised again by `check`
-            self._previous_hook(report)
-
-    def check(self) -> None:
-        if self.arrived:
-            raise _Terminated()
-
-    def stop(self) -> None:
-        """Give SIGTERM and unraisable exceptions back to the handlers found (once; later calls do nothing)."""
-        if not self._stopped:
-            self._stopped = True
-            signal.signal(signal.SIGTERM, self._previous)
-            sys.unraisablehook = self._previous_hook
 
 
 def _shutdown_server(engine: Any, config: Any) -> Any:
@@ -907,8 +858,8 @@ def _bind_unix(path: str) -> socket.socket:
     return listener
 
 
-def _chat(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
-    """`glimmer chat` with SIGTERM raising _Terminated."""
+def _chat(args: argparse.Namespace, sigterm: SigtermWatch) -> int:
+    """`glimmer chat` with SIGTERM raising Terminated."""
     from glimmer.server.chat_client import run_chat
 
     if args.url is not None:  # `--url "$SERVER"` with SERVER unset: not an in-process chat

@@ -1,9 +1,12 @@
-"""SIGTERM while the `glimmer` command starts: recorded from its first line, before glimmer.cli and what it imports
-load, and given to the command once it is known (imports nothing but `signal`, so that it is in place at once)."""
+"""SIGTERM in the `glimmer` command: recorded from its first line, before glimmer.cli and what it imports load, and
+given to the command once it is known (SigtermRecord), then raised as Terminated where the command heeds it
+(SigtermWatch). Imports nothing but `signal`, `sys` and `typing`, so that the record is in place at once."""
 
 from __future__ import annotations
 
 import signal
+import sys
+from typing import Any
 
 
 class SigtermRecord:
@@ -43,3 +46,52 @@ def give_back_sigterm() -> None:
         _, arrived = take_over_sigterm(signal.SIG_DFL)
         if arrived:
             signal.raise_signal(signal.SIGTERM)
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived: raised in the main thread so that `glimmer serve` shuts its engine down and exits 0. A
+    BaseException, as KeyboardInterrupt is: the loading code's `except Exception` (a Hub download's) must not take it
+    for a failure of its own."""
+
+
+class SigtermWatch:
+    """SIGTERM is noted from this watch's creation and raises Terminated from `arm()` until `stop()`. uvicorn shuts
+    down gracefully on SIGTERM and then raises the signal again to the handler it found: the default one would kill
+    the process (status 143) before the engine is shut down, where SIGTERM should end `glimmer serve` as cleanly as
+    Ctrl-C does (status 0). Until armed a SIGTERM is only noted: raised while the watch was being set up, before the
+    `try` that reports it, it came out of `glimmer.cli.main` as a traceback (status 1).
+
+    `check()` raises Terminated if SIGTERM came at all: a signal handled while the main thread runs a weakref
+    callback or finalizer (an import lock's, as the loading code imports) raises where Python drops the exception as
+    unraisable, printing its traceback, and the server went on to serve."""
+
+    def __init__(self) -> None:
+        self.arrived = self._armed = self._stopped = False
+        self._previous_hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
+        self._previous, noted_at_start = take_over_sigterm(self._terminated)
+        self.arrived = self.arrived or noted_at_start
+
+    def arm(self) -> None:
+        """From now on a SIGTERM raises Terminated where it lands; one noted before raises it now."""
+        self._armed = True
+        self.check()
+
+    def _terminated(self, signum: int, frame: Any) -> None:
+        self.arrived = True
+        if self._armed:
+            raise Terminated()
+
+    def _unraisable(self, report: Any) -> None:
+        if not isinstance(report.exc_value, Terminated):  # a dropped Terminated is raised again by `check`
+            self._previous_hook(report)
+
+    def check(self) -> None:
+        if self.arrived:
+            raise Terminated()
+
+    def stop(self) -> None:
+        """Give SIGTERM and unraisable exceptions back to the handlers found (once; later calls do nothing)."""
+        if not self._stopped:
+            self._stopped = True
+            signal.signal(signal.SIGTERM, self._previous)
+            sys.unraisablehook = self._previous_hook

@@ -961,15 +961,16 @@ def test_sigterm_handled_in_a_weakref_callback_while_the_model_loads_still_stops
 
 def test_sigterm_as_the_watch_takes_it_over_stops_the_server_with_status_0(tmp_path, monkeypatch, capsys):
     """A SIGTERM handled just after the watch's handler was installed, before the watch was set up and before the
-    `try` that reports it, raised _Terminated out of glimmer.cli.main: a traceback and status 1, where 0 is
+    `try` that reports it, raised Terminated out of glimmer.cli.main: a traceback and status 1, where 0 is
     promised."""
     import glimmer.cli
+    import glimmer.sigterm
 
     install = signal.signal
 
     def install_then_sigterm(signum, handler):
         previous = install(signum, handler)
-        if isinstance(getattr(handler, "__self__", None), glimmer.cli._SigtermWatch):
+        if isinstance(getattr(handler, "__self__", None), glimmer.sigterm.SigtermWatch):
             signal.raise_signal(signal.SIGTERM)
         return previous
 
@@ -984,13 +985,14 @@ def test_run_batch_stopped_before_its_output_is_emptied_says_the_output_is_as_it
     """The output was marked started before it was emptied: a SIGTERM in between said the records finished were in
     the file, which held an earlier run's."""
     import glimmer.cli
+    import glimmer.sigterm
 
     def sigterm_as_the_output_is_looked_at(fd):
-        raise glimmer.cli._Terminated()
+        raise glimmer.sigterm.Terminated()
 
     (tmp_path / "out.jsonl").write_text("an earlier run's\n")
     with glimmer.cli._batch_output(str(tmp_path / "out.jsonl"), "-") as output:
-        with monkeypatch.context() as patch, pytest.raises(glimmer.cli._Terminated):
+        with monkeypatch.context() as patch, pytest.raises(glimmer.sigterm.Terminated):
             patch.setattr(glimmer.cli.os, "fstat", sigterm_as_the_output_is_looked_at)
             output.start()
         assert not output.started
