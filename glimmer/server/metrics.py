@@ -140,7 +140,7 @@ def _spec_decode_metrics(spec) -> Iterator[Metric]:
                                 buckets=buckets, sum_value=total)
 
 
-class _VllmLatencies(Collector):
+class _HistogramUnderVllmNames(Collector):
     """A histogram again under vLLM's names (the same observations, labelled `model_name`)."""
 
     def __init__(self, histogram: Histogram, names: list[str], model_name: str):
@@ -206,7 +206,7 @@ class ServerMetrics:
         engine.on_finished(self._finished)
         engine.on_token_gap(self.inter_token_latency.observe)
         self.registry.register(_EngineCollector(engine, model_name))
-        self.registry.register(_VllmLatencies(self.inter_token_latency, [  # vLLM's name, and its older one
+        self.registry.register(_HistogramUnderVllmNames(self.inter_token_latency, [  # vLLM's name, and its older one
             "vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"], model_name))
 
     def _finished(self, record: FinishedCompletion) -> None:
