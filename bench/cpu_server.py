@@ -45,7 +45,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "server"))
-from server_support import ServeProcess  # noqa: E402
+from serve_process import ServeProcess  # noqa: E402
 
 from glimmer.default_model import default_model_dir  # noqa: E402
 from glimmer.engine.llm import LLM  # noqa: E402

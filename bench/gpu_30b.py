@@ -48,7 +48,7 @@ from glimmer.model.kernels.support import side_stream  # noqa: E402
 from glimmer.tiny import write_tiny_checkpoint  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "tests" / "server"))
-from server_support import ServeProcess, ServerDidNotStart  # noqa: E402  # the tests' server process: --port 0, its URL
+from serve_process import ServeProcess, ServerDidNotStart  # noqa: E402  # the tests' server process: --port 0, its URL
 
 VOCAB_TEXT = 200_000  # random prompt ids stay among the base tokens
 RESULTS: dict[str, object] = {}

@@ -31,7 +31,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "server"))
-from server_support import ServeProcess, ServerDidNotStart  # noqa: E402
+from serve_process import ServeProcess, ServerDidNotStart  # noqa: E402
 
 MODEL_NAME = "soak"
 BUSY_GAUGES = re.compile(r"glimmer_(num_requests_running|num_requests_waiting|kv_blocks_used)\b")

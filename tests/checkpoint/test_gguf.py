@@ -481,7 +481,7 @@ def test_glimmer_serve_a_gguf_with_mmproj(make_tiny, tmp_path):
     import httpx
     from gguf_export import export_mmproj_gguf
     from PIL import Image
-    from server_support import ServeProcess
+    from serve_process import ServeProcess
 
     checkpoint = make_tiny(vision=True, seed=6)
     model_file = export_text_gguf(checkpoint, tmp_path / "tiny.gguf", Q.Q8_0)

@@ -205,7 +205,7 @@ def test_serving_the_30b_geometry_on_a_small_cpu_fails_with_one_line(tmp_path):
     memory = read_host_memory()
     if memory is None or memory.total_bytes > 100 << 30:
         pytest.skip("this machine could hold the 30B geometry's float32 weights")
-    from server_support import ServeProcess
+    from serve_process import ServeProcess
 
     subprocess.run([sys.executable, "-m", "glimmer.cli", "make-tiny", str(tmp_path / "t30"), "--preset", "30b",
                     "--config-only"], check=True, capture_output=True)

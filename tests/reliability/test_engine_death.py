@@ -6,7 +6,7 @@ import signal
 
 import httpx
 from reliability_support import chat_body
-from server_support import ServeProcess
+from serve_process import ServeProcess
 
 # `glimmer serve` whose model fails on every step (as a device stuck after a CUDA error would)
 _BROKEN_SERVE = """

@@ -6,7 +6,7 @@ import signal
 import subprocess
 
 import pytest
-from server_support import ServeProcess, ServerDidNotStart
+from serve_process import ServeProcess, ServerDidNotStart
 
 # a process that reports ready, then ignores SIGINT and SIGTERM: a server that hangs on shutdown
 _HANGS_ON_SHUTDOWN = """
