@@ -94,14 +94,19 @@ class LiveServer:
         return samples
 
     def wait_for_idle(self, timeout_s: float = 10.0) -> dict[str, float]:
-        """Poll /metrics until no sequence runs or waits and no KV block is in use; returns the last sample."""
+        """Poll /metrics until no sequence runs or waits and no KV block is in use, in two samples in a row; returns
+        the second. The engine thread frees an aborted request's sequence and blocks before it hands out the final
+        delta that counts the completion (vllm:request_success_total): a sample taken between the two looked idle
+        with the abort not yet counted."""
         deadline = time.monotonic() + timeout_s
+        idle_before = False
         while True:
             samples = self.metrics()
             busy = [k for k, v in samples.items() if v and re.match(
                 r"glimmer_(kv_blocks_used|num_requests_running|num_requests_waiting)\b", k)]
-            if not busy or time.monotonic() > deadline:
+            if (not busy and idle_before) or time.monotonic() > deadline:
                 return samples
+            idle_before = not busy
             time.sleep(0.05)
 
 
