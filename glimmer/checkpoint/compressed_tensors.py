@@ -43,7 +43,7 @@ import torch
 
 from glimmer.checkpoint.config import ModelConfig
 from glimmer.checkpoint.config_layouts import normalize_config
-from glimmer.checkpoint.mapped_tensors import MappedTensor, MappedTensors
+from glimmer.checkpoint.mapped_tensors import MappedTensor, MappedTensors, non_finite_part
 from glimmer.checkpoint.safetensors_files import SafetensorsCheckpoint, TensorInfo
 from glimmer.checkpoint.weight_layouts import detect_weight_layout, locate
 from glimmer.checkpoint.weight_mismatch import MismatchAdvice, WeightMismatch
@@ -286,7 +286,9 @@ def _entries(files: SafetensorsCheckpoint, config: ModelConfig, layout: str
         entries[f"{module}.weight"] = MappedTensor(
             TensorInfo(f"{module}.weight", shape, "F32", files.tensors[f"{module}.{_PACKED}"].file,
                        stored_name=f"{module}.{_PACKED}"),
-            read_on=_dequantizing_reader(files, module))
+            read_on=_dequantizing_reader(files, module),
+            # its codes are no floats: a NaN or infinity comes from a scale (FP8 E4M3's NaN, 0x7f)
+            trace=lambda module=module: non_finite_part(files, (f"{module}.{_SCALE}", f"{module}.{_GLOBAL}")))
         types[f"NVFP4 g{GROUP_SIZE}"] = types.get(f"NVFP4 g{GROUP_SIZE}", 0) + 1
     if found:
         raise CheckpointError(found.message(

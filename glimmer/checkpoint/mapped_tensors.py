@@ -8,24 +8,27 @@ norm offsets removed. The weight planner then loads it with the identity (canoni
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from glimmer.checkpoint.safetensors_files import TensorInfo
+from glimmer.checkpoint.safetensors_files import SafetensorsCheckpoint, TensorInfo
 
 
 @dataclass(frozen=True)
 class MappedTensor:
     """`info` describes what the entry reads (canonical name and shape; dtype F32, F16 or BF16). `read()` gives it on
     the host; an entry that computes it from smaller stored tensors (NVFP4 weights) gives `read_on(device)`, which
-    computes it on `device` instead, with the same bits."""
+    computes it on `device` instead, with the same bits. An entry computed from several stored tensors (a quantized
+    weight from its codes and scales) may give `trace()`: which of them holds a NaN or an infinity, in words naming it
+    as its file does (`non_finite_part`), asked only when the computed tensor is not finite."""
 
     info: TensorInfo
     read: Callable[[], torch.Tensor] | None = None
     read_on: Callable[[torch.device | str], torch.Tensor] | None = None
+    trace: Callable[[], str | None] | None = None
 
     def __post_init__(self) -> None:
         if (self.read is None) == (self.read_on is None):
@@ -50,3 +53,20 @@ class MappedTensors:
 
     def read_many(self, names: list[str]) -> dict[str, torch.Tensor]:
         return {name: self.read(name) for name in names}
+
+    def trace_non_finite(self, name: str) -> str | None:
+        """For a tensor found not finite: the stored tensor it is computed from that holds the NaN or infinity, in
+        words (`MappedTensor.trace`), or None where the entry is stored as one tensor (`info.stored_name` names it)."""
+        entry = self._entries[name]
+        return entry.trace() if entry.trace is not None else None
+
+
+def non_finite_part(files: SafetensorsCheckpoint, names: Sequence[str]) -> str | None:
+    """The first of the stored tensors `names` (a quantized weight's scales) that holds a NaN or an infinity, as
+    "'M.weight_scale' (in FILE), which holds 1 NaN and 0 infinite value(s) among 512"; None if all are finite."""
+    for name in names:
+        values = files.read(name).float()
+        if not bool(torch.isfinite(values).all()):
+            return (f"{name!r} (in {files.tensors[name].file}), which holds {int(torch.isnan(values).sum())} NaN and "
+                    f"{int(torch.isinf(values).sum())} infinite value(s) among {values.numel()}")
+    return None

@@ -38,7 +38,7 @@ import torch
 from glimmer.checkpoint.config import ModelConfig, TextConfig
 from glimmer.checkpoint.config_fields import is_int
 from glimmer.checkpoint.config_layouts import normalize_config
-from glimmer.checkpoint.mapped_tensors import MappedTensor, MappedTensors
+from glimmer.checkpoint.mapped_tensors import MappedTensor, MappedTensors, non_finite_part
 from glimmer.checkpoint.safetensors_files import SafetensorsCheckpoint, TensorInfo
 from glimmer.checkpoint.weight_layouts import interleaved_to_rotate_half
 from glimmer.checkpoint.weight_mismatch import MismatchAdvice, WeightMismatch
@@ -268,35 +268,51 @@ def _entries(
             types[files.tensors[name].dtype] = types.get(files.tensors[name].dtype, 0) + 1
         return lambda: files.read(name).float() - (1.0 if unfold else 0.0)
 
-    readers: dict[str, tuple[tuple[int, ...], Callable[[], torch.Tensor]]] = {
-        "model.language_model.embed_tokens.weight": ((text.vocab_size, h),
+    # canonical name → (shape, the artifact's tensor it is read from, read)
+    readers: dict[str, tuple[tuple[int, ...], str, Callable[[], torch.Tensor]]] = {
+        "model.language_model.embed_tokens.weight": ((text.vocab_size, h), "model.embed_tokens.weight",
                                                      matrix("model.embed_tokens", (text.vocab_size, h))),
-        "model.language_model.norm.weight": ((h,), vector("model.norm.weight", unfold=False)),
+        "model.language_model.norm.weight": ((h,), "model.norm.weight", vector("model.norm.weight", unfold=False)),
     }
     if not text.tie_word_embeddings:  # a tied model's lm_head is its embedding; mlx-lm saves no lm_head for it
-        readers["lm_head.weight"] = ((text.vocab_size, h), matrix("lm_head", (text.vocab_size, h)))
+        readers["lm_head.weight"] = ((text.vocab_size, h), "lm_head.weight", matrix("lm_head", (text.vocab_size, h)))
     for i in range(text.num_hidden_layers):
         src, dst = f"model.layers.{i}.", f"model.language_model.layers.{i}."
-        fused = matrix(src + "self_attn.q_proj", (2 * heads * d, h))
-        readers[dst + "self_attn.q_proj.weight"] = ((heads * d, h), _gate_split(fused, heads, d, 0, interleaved))
-        readers[dst + "self_attn.gate_proj.weight"] = ((heads * d, h), _gate_split(fused, heads, d, 1, False))
+        q = src + "self_attn.q_proj"
+        fused = matrix(q, (2 * heads * d, h))
+        readers[dst + "self_attn.q_proj.weight"] = ((heads * d, h), f"{q}.weight",
+                                                    _gate_split(fused, heads, d, 0, interleaved))
+        readers[dst + "self_attn.gate_proj.weight"] = ((heads * d, h), f"{q}.weight",
+                                                       _gate_split(fused, heads, d, 1, False))
         k = matrix(src + "self_attn.k_proj", (kv_heads * d, h))
-        readers[dst + "self_attn.k_proj.weight"] = ((kv_heads * d, h), _permuted(k, kv_heads) if interleaved else k)
-        readers[dst + "self_attn.v_proj.weight"] = ((kv_heads * d, h), matrix(src + "self_attn.v_proj",
-                                                                            (kv_heads * d, h)))
-        readers[dst + "self_attn.o_proj.weight"] = ((h, heads * d), matrix(src + "self_attn.o_proj", (h, heads * d)))
+        readers[dst + "self_attn.k_proj.weight"] = ((kv_heads * d, h), src + "self_attn.k_proj.weight",
+                                                    _permuted(k, kv_heads) if interleaved else k)
+        for name, shape in (("v_proj", (kv_heads * d, h)), ("o_proj", (h, heads * d))):
+            readers[dst + f"self_attn.{name}.weight"] = (shape, src + f"self_attn.{name}.weight",
+                                                         matrix(src + f"self_attn.{name}", shape))
         for name, shape in (("gate_proj", (text.intermediate_size, h)), ("up_proj", (text.intermediate_size, h)),
                             ("down_proj", (h, text.intermediate_size))):
-            readers[dst + f"mlp.{name}.weight"] = (shape, matrix(src + f"mlp.{name}", shape))
+            readers[dst + f"mlp.{name}.weight"] = (shape, src + f"mlp.{name}.weight",
+                                                   matrix(src + f"mlp.{name}", shape))
         for canonical, stored in _NORMS.items():
-            readers[dst + f"{canonical}.weight"] = ((h,), vector(src + f"{stored}.weight", unfold=True))
+            readers[dst + f"{canonical}.weight"] = ((h,), src + f"{stored}.weight",
+                                                    vector(src + f"{stored}.weight", unfold=True))
     found.unexpected = [f"{name} {list(files.tensors[name].shape)}" for name in sorted(set(files.names()) - used)]
     if found:
         raise CheckpointError(found.message(
             f"the weights in {files.directory} (packaged MLX artifact) do not match the config", _MLX_ADVICE))
-    entries = {name: MappedTensor(TensorInfo(name, shape, "F32", files.directory), read)
-               for name, (shape, read) in readers.items()}
+    entries = {name: MappedTensor(TensorInfo(name, shape, "F32", files.tensors[stored].file, stored_name=stored), read,
+                                  trace=_scales_trace(files, stored.removesuffix(".weight")))
+               for name, (shape, stored, read) in readers.items()}
     return entries, types
+
+
+def _scales_trace(files: SafetensorsCheckpoint, module: str) -> Callable[[], str | None] | None:
+    """For a quantized module: which of its scales and biases holds the NaN or infinity its weight got (its codes are
+    integers); None for a float tensor, named by itself."""
+    if f"{module}.scales" not in files.tensors:
+        return None
+    return lambda: non_finite_part(files, (f"{module}.scales", f"{module}.biases"))
 
 
 def _stored_packing(files: SafetensorsCheckpoint, module: str, out: int, columns: int) -> tuple[int, int] | None:

@@ -17,6 +17,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from glimmer.checkpoint.config import DrafterConfig, ModelConfig
+from glimmer.checkpoint.mapped_tensors import MappedTensors
 from glimmer.checkpoint.safetensors_files import SafetensorsCheckpoint
 from glimmer.checkpoint.weight_layouts import (
     SourceSlice,
@@ -222,9 +223,12 @@ def _non_finite_error(targets: list[str], params: dict[str, torch.Tensor], plan:
         return CheckpointError(
             f"{where} has values up to {largest:.4g}, past the largest {dtype} ({torch.finfo(dtype).max:.4g}): "
             f"as {dtype} they would be infinite{others}; {fix}")
+    # a tensor computed from several stored ones (a quantized weight): the one whose NaN it inherited, by its own name
+    part = files.trace_non_finite(source) if isinstance(files, MappedTensors) else None
+    computed = f", computed from {part}" if part is not None else ""
     return CheckpointError(
         f"{where} holds {int(torch.isnan(stored).sum())} NaN and {int(torch.isinf(stored).sum())} infinite "
-        f"value(s) among {stored.numel()}{others}; the checkpoint is damaged: download or convert it again")
+        f"value(s) among {stored.numel()}{others}{computed}; the checkpoint is damaged: download or convert it again")
 
 
 def _numel(shape: tuple[int, ...]) -> int:

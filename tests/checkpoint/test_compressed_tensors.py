@@ -459,6 +459,26 @@ def _zero_global_scale(first, second):
     second[f"{MODULE}.weight_global_scale"] = torch.tensor([0.0])
 
 
+def test_a_nan_scale_is_refused_naming_the_scale_and_its_shard(make_tiny, tmp_path):
+    """A NaN in a weight_scale (FP8 E4M3's NaN code, 0x7f) was reported as held by the module's weight_packed, whose
+    uint8 codes cannot be NaN, in the shard of the codes, not the one of the scale."""
+    def poison(first, second):
+        scale = second[f"{MODULE}.weight_scale"].clone()
+        scale.view(torch.uint8)[3, 1] = 0x7F
+        second[f"{MODULE}.weight_scale"] = scale
+
+    directory = tmp_path / "nan"
+    write_nvfp4(make_tiny(seed=7), directory, edit=poison)
+    with pytest.raises(CheckpointError) as err:
+        load_model(directory, progress=False)
+    message = str(err.value)
+    assert message.startswith(f"parameter {MODULE}.weight (checkpoint tensor '{MODULE}.weight', stored as "
+                              f"'{MODULE}.weight_packed' in {directory / 'model-00001-of-00002.safetensors'}) holds "
+                              "16 NaN and 0 infinite value(s) among 8192"), message
+    assert (f", computed from '{MODULE}.weight_scale' (in {directory / 'model-00002-of-00002.safetensors'}), which "
+            "holds 1 NaN and 0 infinite value(s) among 512; the checkpoint is damaged") in message
+
+
 @pytest.mark.parametrize(("edit", "said"), [
     (_zero_global_scale, rf"{MODULE}\.weight_global_scale \(in .*model-00002-of-00002\.safetensors\) is 0\.0, but a "
                          r"global scale divides"),

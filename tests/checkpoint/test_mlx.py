@@ -252,6 +252,35 @@ def test_missing_and_stray_tensors_are_all_listed_with_the_fix(tiny_checkpoint, 
     assert lines[-1].startswith("  fix: the tensor names are not a packaged Muse Glimmer MLX artifact's")
 
 
+@pytest.mark.parametrize(("bits", "damaged", "stored"), [
+    (4, "model.layers.1.mlp.up_proj.scales", "model.layers.1.mlp.up_proj.weight"),
+    (4, "model.layers.1.mlp.up_proj.biases", "model.layers.1.mlp.up_proj.weight"),
+    (None, "model.layers.1.post_ffn_norm.weight", "model.layers.1.post_ffn_norm.weight"),
+], ids=["scales", "biases", "float-norm"])
+def test_a_nan_is_refused_naming_the_artifacts_own_tensor(tiny_checkpoint, tmp_path, bits, damaged, stored):
+    """A NaN was reported under the canonical name alone, which the artifact does not hold, 'in' its directory; and
+    a quantized module's under neither its codes nor the scales or biases that hold it. The artifact's own names lead
+    to the bytes, as a GGUF's do."""
+    def poison(tensors):
+        values = tensors[damaged].clone()
+        values.view(-1)[0] = float("nan")
+        tensors[damaged] = values
+
+    artifact = _edited_artifact(tiny_checkpoint, tmp_path / "mlx", poison, bits=bits)
+    with pytest.raises(CheckpointError) as err:
+        load_model(artifact, progress=False)
+    message, file = str(err.value), artifact / "model.safetensors"
+    canonical = ("model.language_model.layers.1.mlp.up_proj.weight" if bits else
+                 "model.language_model.layers.1.post_feedforward_layernorm.weight")
+    assert message.startswith(f"parameter {canonical} (checkpoint tensor '{canonical}', stored as '{stored}' in "
+                              f"{file}) holds {32 if bits else 1} NaN and 0 infinite value(s)"), message
+    if bits:
+        assert f", computed from '{damaged}' (in {file}), which holds 1 NaN and 0 infinite value(s) among 256;" \
+            in message
+    else:
+        assert "computed from" not in message
+
+
 @pytest.mark.parametrize("dropped", [("scales",), ("biases",), ("scales", "biases")])
 def test_a_quantized_module_missing_its_scales_or_biases_names_them(tiny_checkpoint, tmp_path, dropped):
     """Without its scales, a module's packed codes were taken for a float weight of the wrong shape, and the error
