@@ -125,7 +125,8 @@ def read_gguf_drafter(path: str | Path) -> tuple[dict[str, Any], MappedTensors]:
     file.refuse_mismatch(found, dataclasses.replace(GGUF_ADVICE, extra_fix=(
         "a DFlash drafter borrows the target's embedding and LM head and holds no others: load the drafter GGUF "
         f"published for the model, or {CONVERT_AGAIN}")))
-    entries = {canonical: MappedTensor(TensorInfo(canonical, shapes[canonical], "F32", file.path, stored_name=stored),
+    entries = {canonical: MappedTensor(TensorInfo(canonical, shapes[canonical], "F32", file.part_of(stored),
+                                                  stored_name=stored),
                                        lambda stored=stored: file.read(stored))
                for stored, canonical in sources.items()}
     return config, MappedTensors(file.path, entries, file.total_bytes)

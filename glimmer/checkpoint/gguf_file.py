@@ -507,6 +507,10 @@ class GGUFFile:
         if key not in self.metadata:
             raise self.error(f"required metadata key {key} is missing")
 
+    def part_of(self, name: str) -> Path:
+        """The file that holds tensor `name`: its own part of a split GGUF (the first part's metadata is no guide)."""
+        return self.parts[self._part_of.get(name, 0)]
+
     def read(self, name: str) -> torch.Tensor:
         """Tensor `name` as float32 (F16/BF16 widened exactly, quantized types dequantized), torch order."""
         entry = self.tensors[name]

@@ -426,7 +426,7 @@ def _text_tensors(file: GGUFFile, text: TextConfig) -> tuple[dict[str, MappedTen
     entries = {
         # F16/BF16 are widened exactly and quantized types dequantized: the reader always returns float32
         rule.target: MappedTensor(
-            TensorInfo(rule.target, rule.shape(text), "F32", file.path, stored_name=rule.source),
+            TensorInfo(rule.target, rule.shape(text), "F32", file.part_of(rule.source), stored_name=rule.source),
             _reader(file, rule.source, rule.unfold, getattr(text, rule.rope_heads) if rule.rope_heads else None),
         )
         for rule in rules

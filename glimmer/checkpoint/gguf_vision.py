@@ -195,8 +195,8 @@ def _vision_tensors(
                  (v,) if bias else (v, inner), None),
             ]
     file.refuse_mismatch(file.tensor_mismatch({source: stored_shape for _, source, _, stored_shape, _ in table}))
-    entries = {target: MappedTensor(TensorInfo(target, canonical_shape, "F32", file.path, stored_name=source),
-                                    _reader(file, source, transform))
+    entries = {target: MappedTensor(TensorInfo(target, canonical_shape, "F32", file.part_of(source),
+                                               stored_name=source), _reader(file, source, transform))
                for target, source, canonical_shape, _, transform in table}
     return entries
 

@@ -187,6 +187,25 @@ def test_a_nan_weight_is_refused_naming_the_files_own_tensor_too(tiny_checkpoint
         "NaN and 0 infinite value(s)")
 
 
+def test_a_nan_weight_of_a_split_gguf_names_the_part_that_holds_it(tiny_checkpoint, tmp_path):
+    """Every tensor was said to be in the first part, whatever part held it: a NaN in part 2 of 2 sent the user to
+    download part 1 again."""
+    from test_gguf_hostile import split_in_two
+
+    first, second = split_in_two(export_text_gguf(tiny_checkpoint, tmp_path / "q8.gguf", Q.Q8_0), tmp_path / "split")
+    tensor = next(t for t in gguf.GGUFReader(second).tensors if t.name.endswith("ffn_up.weight"))
+    data = bytearray(second.read_bytes())
+    data[tensor.data_offset : tensor.data_offset + 2] = np.float16("nan").tobytes()  # the first block's scale
+    second.write_bytes(data)
+    with pytest.raises(CheckpointError) as err:
+        load_model(first, progress=False)
+    layer = tensor.name.split(".")[1]
+    assert str(err.value).startswith(
+        f"parameter model.language_model.layers.{layer}.mlp.up_proj.weight (checkpoint tensor "
+        f"'model.language_model.layers.{layer}.mlp.up_proj.weight', stored as '{tensor.name}' in {second}) holds 32 "
+        "NaN and 0 infinite value(s)")
+
+
 def test_a_tensor_of_the_wrong_shape_is_reported_once(f32_gguf, tmp_path):
     """A tensor the file has, in the wrong shape, is a shape problem, not also an unexpected tensor."""
     from test_gguf_hostile import _rewrite
