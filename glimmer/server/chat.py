@@ -194,23 +194,47 @@ def limit_named_as_sent(error: RequestError, request: ChatCompletionRequest) -> 
     return error.with_message(_MAX_TOKENS.sub(limit_field, str(error)), param)
 
 
-def _check_room_for_the_forced_call(request: ChatCompletionRequest, prompt: ChatPrompt, context: ServingContext
-                                    ) -> None:
-    """RequestError naming the request's token limit when it is below the fewest tokens of any reply holding a call
-    that a required or named `tool_choice` allows (`fewest_call_tokens`): every such reply would be cut short
-    without the call, a 500 once generated (P-REQ-4)."""
-    limit = request.max_tokens if request.max_tokens is not None else request.max_completion_tokens
+def _forced_call(prompt: ChatPrompt, context: ServingContext) -> tuple[str, int] | None:
+    """What a required or named `tool_choice` asks for, in words, and the fewest tokens of any reply holding it
+    (`fewest_call_tokens`); None where tool_choice forces no call."""
     tools = prompt.tools
-    if limit is None or tools.required_names is None:
-        return
+    if tools.required_names is None:
+        return None
     allowed = [tool for tool in tools.parser_tools or () if tool["function"]["name"] in tools.required_names]
-    fewest = fewest_call_tokens(allowed, context.tokenizer)
+    what = f"a call of {allowed[0]['function']['name']!r}" if len(allowed) == 1 else "a tool call"
+    return what, fewest_call_tokens(allowed, context.tokenizer)
+
+
+def _check_room_for_the_forced_call(request: ChatCompletionRequest, forced: tuple[str, int] | None) -> None:
+    """RequestError naming the request's token limit when it is below the fewest tokens of any reply holding a call
+    that a required or named `tool_choice` allows (`_forced_call`): every such reply would be cut short without the
+    call, a 500 once generated (P-REQ-4)."""
+    limit = request.max_tokens if request.max_tokens is not None else request.max_completion_tokens
+    if limit is None or forced is None:
+        return
+    what, fewest = forced
     if limit < fewest:
         field = token_limit_field(request)
-        what = f"a call of {allowed[0]['function']['name']!r}" if len(allowed) == 1 else "a tool call"
         raise RequestError(f"{field}: {limit} tokens cannot hold {what}, which tool_choice asks for: the shortest "
                            f"takes {fewest} tokens (its header and ATEM tags, values empty); raise {field} to at "
                            f"least {fewest}, more for the reasoning and the values", param=field)
+
+
+def _check_context_holds_the_forced_call(prompt: ChatPrompt, forced: tuple[str, int] | None,
+                                         max_model_len: int) -> None:
+    """RequestError (`context_length_exceeded`) when the prompt fits the context but leaves less of it than the fewest
+    tokens of any reply holding the call a required or named `tool_choice` asks for (`_forced_call`): without a token
+    limit, the reply would run to the end of the context without the call, a 500 once generated (P-REQ-4), which
+    clients retry; with one, the context-length refusal said to lower it below what the call takes."""
+    room = max_model_len - len(prompt.token_ids)
+    if forced is None or room < 1 or room >= forced[1]:  # a prompt the context cannot hold: the engine's refusal
+        return
+    what, fewest = forced
+    raise RequestError(f"This model's maximum context length is {max_model_len} tokens (max_model_len), but the prompt "
+                       f"has {len(prompt.token_ids)} tokens, which leaves {room} for the reply, and tool_choice asks "
+                       f"for {what}: the shortest takes {fewest} tokens (its header and ATEM tags, values empty); "
+                       f"shorten the conversation to at most {max_model_len - fewest} prompt tokens, fewer for the "
+                       "reasoning and the values", param="messages", code="context_length_exceeded")
 
 
 @contextlib.contextmanager
@@ -235,17 +259,20 @@ async def _prepared_run(raw_request: Request, context: ServingContext, request: 
     client_id = client_request_id(raw_request, request.request_id) if named_for is None else None
     with _limit_named_as_sent(request):
         params = chat_sampling_params(request, context)
-    def build(cancel: CancelToken) -> ChatPrompt:  # off the event loop: counting a forced call's tokens takes a while
+    def build(cancel: CancelToken) -> tuple[ChatPrompt, tuple[str, int] | None]:
+        # off the event loop: counting a forced call's tokens takes a while
         prompt = build_chat_prompt(request, context, cancel)
-        _check_room_for_the_forced_call(request, prompt, context)
-        return prompt
+        forced = _forced_call(prompt, context)
+        _check_room_for_the_forced_call(request, forced)
+        return prompt, forced
 
-    prompt = await in_worker_thread(raw_request, build, prompt_threads(request.messages, context))
+    prompt, forced = await in_worker_thread(raw_request, build, prompt_threads(request.messages, context))
     engine = context.engine.engine
     rendered_len = len(prompt.token_ids)
     # vLLM's truncate_prompt_tokens keeps the rendered prompt's end, the generation prompt the reply is parsed after
     prompt.token_ids, prompt.multimodal = engine.truncate_prompt(prompt.token_ids, prompt.multimodal, params)
     apply_default_max_tokens(params, context, len(prompt.token_ids))
+    _check_context_holds_the_forced_call(prompt, forced, engine.max_model_len)  # a truncated prompt's room
     try:  # the engine refuses a prompt the context cannot hold too; here the refusal says what made it long
         with _limit_named_as_sent(request):
             engine.generation_budget(len(prompt.token_ids), params)

@@ -351,23 +351,31 @@ def test_a_forced_call_the_shortest_output_holds_comes_back_at_the_minimum_limit
     assert fewest_forced_call_tokens(server, [WEATHER_TOOL]) == len(server.engine.engine.tokenizer.encode(shortest))
 
 
+def _pad_to_leave(server, request: dict[str, Any], room: int) -> int:
+    """Pads the request's user message until its prompt leaves at most `room` tokens of the context; returns what it
+    leaves."""
+    max_model_len = server.engine.engine.max_model_len
+    words = 0
+    while True:
+        request["messages"] = [{"role": "user", "content": "[answer-only] Weather?" + " Paris" * words}]
+        tokenized = httpx.post(f"{server.url}/tokenize", json={
+            "model": "tiny", "messages": request["messages"], "tools": TOOLS,
+            "chat_template_kwargs": PINNED_DATE}).json()
+        left = max_model_len - tokenized["count"]
+        if left <= room:
+            return left
+        words += max(1, (left - room) // 2)
+
+
 def test_a_forced_call_cut_short_by_the_end_of_the_context_says_to_shorten_the_conversation(client, server):
     # P-REQ-4: a request without max_tokens runs to the end of the context; the error said to raise max_tokens,
     # which no request can do there (prompt + max_tokens past max_model_len is a 400)
     request = _request("[answer-only]", tools=TOOLS, tool_choice="required")
     del request["max_tokens"]
     max_model_len = server.engine.engine.max_model_len
-    words = 0
-    while True:  # pad the prompt until fewer tokens are left than the call needs
-        request["messages"] = [{"role": "user", "content": "[answer-only] Weather?" + " Paris" * words}]
-        tokenized = httpx.post(f"{server.url}/tokenize", json={
-            "model": "tiny", "messages": request["messages"], "tools": TOOLS,
-            "chat_template_kwargs": PINNED_DATE}).json()
-        room = max_model_len - tokenized["count"]
-        if room <= 8:
-            break
-        words += max(1, (room - 8) // 2)
-    assert room >= 1
+    fewest = fewest_forced_call_tokens(server, TOOLS)
+    room = _pad_to_leave(server, request, fewest + 1)  # room for a call, which the model spends on reasoning
+    assert room >= fewest
     with pytest.raises(openai.InternalServerError) as refused:
         client.chat.completions.create(**request)
     streamed = client.chat.completions.create(**request, stream=True)
@@ -378,6 +386,30 @@ def test_a_forced_call_cut_short_by_the_end_of_the_context_says_to_shorten_the_c
         assert (f"reached the end of the context (max_model_len={max_model_len}) before a complete call; "
                 "shorten the conversation") in error["message"]
         assert "raise max_tokens" not in error["message"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_prompt_that_leaves_less_room_than_the_shortest_forced_call_is_a_400_context_length_exceeded(
+        client, server, stream):
+    """Without max_tokens, a forced call (P-REQ-4) whose prompt left fewer tokens of the context than any allowed call
+    takes was generated to the end of the context and failed, a 500 (which the openai SDK retries, generating again);
+    it is refused up front as the prompt too long for the context it is."""
+    request = _request("[answer-only]", tools=TOOLS, tool_choice="required")
+    del request["max_tokens"]
+    max_model_len = server.engine.engine.max_model_len
+    fewest = fewest_forced_call_tokens(server, TOOLS)
+    room = _pad_to_leave(server, request, fewest - 1)
+    assert room >= 1
+    # a max_tokens the call fits in: the context-length refusal said to lower it to the room, below the call's minimum
+    for limit in ({}, {"max_tokens": fewest + 5}):
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(**request, **limit, stream=stream)
+        error = refused.value.body
+        assert (error["code"], error["param"]) == ("context_length_exceeded", "messages")
+        assert error["message"].startswith(f"This model's maximum context length is {max_model_len} tokens")
+        assert f"leaves {room} for the reply" in error["message"]
+        assert f"the shortest takes {fewest} tokens" in error["message"]
+        assert f"at most {max_model_len - fewest} prompt tokens" in error["message"]
 
 
 def test_a_forced_call_cut_short_after_it_is_written_is_kept_with_length(client):

@@ -796,25 +796,43 @@ def test_a_forced_call_cut_short_before_it_is_written_fails_as_tool_choice_unsat
 
 
 
-def test_a_forced_call_cut_short_by_the_end_of_the_context_says_to_shorten_the_conversation(server, client):
-    """P-REQ-4 where no max_output_tokens was set and the context ran out: the message said to raise
-    max_output_tokens, then to shorten "the messages", a chat field /v1/responses does not have."""
+def _input_leaving(server, room: int) -> tuple[str, int]:
+    """An input text whose prompt (with WEATHER_TOOL) leaves at most `room` tokens of the context, and what it
+    leaves."""
     chat_tool = {"type": "function", "function": {k: v for k, v in WEATHER_TOOL.items() if k != "type"}}
     max_model_len = server.engine.engine.max_model_len
-    words, room = 0, None
-    while room is None or room > 8:  # pad the input until fewer tokens are left than the call needs
-        words += 0 if room is None else max(1, (room - 8) // 2)
+    words, left = 0, None
+    while left is None or left > room:
+        words += 0 if left is None else max(1, (left - room) // 2)
         text = "[greet] Hello!" + " Paris" * words
         tokenized = httpx.post(f"{server.url}/tokenize", json={
             "model": "tiny", "messages": [{"role": "user", "content": text}], "tools": [chat_tool], **EXTRA}).json()
-        room = max_model_len - tokenized["count"]
-    assert room >= 1
+        left = max_model_len - tokenized["count"]
+    return text, left
+
+
+def test_a_forced_call_cut_short_by_the_end_of_the_context_says_to_shorten_the_conversation(server, client):
+    """P-REQ-4 where no max_output_tokens was set and the context ran out: the message said to raise
+    max_output_tokens, then to shorten "the messages", a chat field /v1/responses does not have."""
+    max_model_len = server.engine.engine.max_model_len
+    fewest = fewest_forced_call_tokens(server, [WEATHER_TOOL])
+    text, room = _input_leaving(server, fewest + 1)  # room for a call, which the model spends on reasoning
+    assert room >= fewest
     with pytest.raises(openai.InternalServerError) as refused:
         _create(client, input=text, tools=[WEATHER_TOOL], tool_choice="required")
     assert refused.value.body["type"] == "tool_choice_unsatisfied"
     assert refused.value.body["message"].endswith(
         f"reached the end of the context (max_model_len={max_model_len}) before a complete call; shorten the "
         "conversation so that the reasoning and the call fit")
+
+
+def test_an_input_that_leaves_less_room_than_the_shortest_forced_call_is_a_400_naming_input(server, client):
+    text, room = _input_leaving(server, fewest_forced_call_tokens(server, [WEATHER_TOOL]) - 1)
+    assert room >= 1
+    with pytest.raises(openai.BadRequestError) as refused:
+        _create(client, input=text, tools=[WEATHER_TOOL], tool_choice="required")
+    assert (refused.value.body["code"], refused.value.body["param"]) == ("context_length_exceeded", "input")
+    assert f"leaves {room} for the reply" in refused.value.body["message"]
 
 LOGPROBS = ["message.output_text.logprobs"]
 
