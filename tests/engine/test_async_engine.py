@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import random
 import threading
 import weakref
 
@@ -12,8 +13,9 @@ import pytest
 
 from glimmer import SamplingParams
 from glimmer.engine.async_engine import AsyncEngine, EngineShuttingDownError
-from glimmer.engine.llm_engine import EngineConfig
+from glimmer.engine.llm_engine import EngineConfig, LLMEngine
 from glimmer.errors import ConfigError, RequestError
+from glimmer.tiny import TinySpec
 
 PROMPT = [5, 77, 130, 42, 99]
 
@@ -216,4 +218,91 @@ def test_a_caller_that_leaves_while_its_request_waits_to_be_added_is_counted_as_
         _assert_released(engine)
     finally:
         release.set()
+        engine.shutdown()
+
+
+
+_STRESS_SHAPE = {"max_model_len": 128, "block_size": 4}
+
+
+def _stress_requests(rng: random.Random, shared: list[int], count: int) -> list[tuple[str, list[int], SamplingParams]]:
+    """Prompts sharing prefixes that end around the block size (4) and the window (8), greedy and seeded, n > 1, stop
+    strings and cache salts."""
+    requests = []
+    for i in range(count):
+        cut = rng.choice([0, 3, 4, 5, 7, 8, 9, 16, 33])
+        ids = shared[:cut] + [rng.randrange(20, 400) for _ in range(rng.randrange(1, 6))]
+        greedy = rng.random() < 0.5
+        requests.append((f"r{i}", ids, SamplingParams(
+            temperature=0 if greedy else 1.0, seed=None if greedy else rng.randrange(1000),
+            max_tokens=rng.randrange(8, 30), ignore_eos=True, n=rng.choice([1, 2]), stop=rng.choice([[], ["e"]]),
+            cache_salt=rng.choice([None, None, "a"]))))
+    return requests
+
+
+def _alone(checkpoint, requests: list[tuple[str, list[int], SamplingParams]]
+           ) -> dict[tuple[str, int], tuple[list[int], str]]:
+    """Each request's tokens and finish reason per completion, run one at a time without the prefix cache."""
+    engine = LLMEngine(EngineConfig(str(checkpoint), progress=False, enable_prefix_caching=False, **_STRESS_SHAPE))
+    outputs: dict[tuple[str, int], tuple[list[int], str]] = {}
+    for request_id, ids, params in requests:
+        engine.add_request(request_id, ids, params)
+        while engine.has_unfinished_requests:
+            for delta in engine.step():
+                tokens, finish = outputs.get((request_id, delta.index), ([], None))
+                outputs[request_id, delta.index] = (tokens + delta.token_ids, delta.finish_reason or finish)
+    return outputs
+
+
+def test_concurrent_callers_leaving_at_any_point_under_a_tiny_kv_pool_get_what_each_request_gets_alone(
+        make_tiny, same_cpu_kernels, greedy_admission):
+    """Callers of one engine whose pool holds little more than one sequence of max_model_len (preemption and
+    recompute), with a 13-token budget (chunked prefill) and `_stress_requests`: a caller that reads to the end gets
+    each completion's tokens and finish reason as the request gives alone; one that leaves after some deltas (closing
+    its stream), or whose request it aborts from its task, got a prefix of them; afterwards no KV page is held,
+    nothing waits and no stream is listened to."""
+    checkpoint = make_tiny(seed=31, spec=TinySpec(sliding_window=8))
+    rng = random.Random(5)
+    shared = [rng.randrange(20, 400) for _ in range(40)]
+    requests = _stress_requests(rng, shared, 16)
+    expected = _alone(checkpoint, requests)
+    ways = ["reads"] * 8 + ["leaves"] * 4 + ["aborted"] * 4
+    rng.shuffle(ways)
+    engine = AsyncEngine(EngineConfig(str(checkpoint), progress=False, kv_cache_memory=100_000,
+                                      max_num_batched_tokens=13, max_num_seqs=4, **_STRESS_SHAPE))
+
+    async def caller(request_id: str, ids: list[int], params: SamplingParams, way: str):
+        got: dict[int, tuple[list[int], str | None]] = {}
+        stream = engine.generate(request_id, ids, params)
+        async for delta in stream:
+            tokens, finish = got.get(delta.index, ([], None))
+            got[delta.index] = (tokens + delta.token_ids, delta.finish_reason or finish)
+            if way == "leaves" and sum(len(tokens) for tokens, _ in got.values()) >= 2:
+                await stream.aclose()  # aborts the request
+                break
+            if way == "aborted" and len(got) == 1 and not got[delta.index][1]:
+                engine.abort(request_id)
+        return got
+
+    async def run_all():
+        results = await asyncio.gather(*(caller(*request, way) for request, way in zip(requests, ways, strict=True)))
+        # commands run in order: once this one is served, every abort sent before it has freed its blocks
+        async for _ in engine.generate("after", shared[:9], SamplingParams(max_tokens=2)):
+            pass
+        return results
+
+    try:
+        results = asyncio.run(asyncio.wait_for(run_all(), 120))
+        for (request_id, _, params), way, got in zip(requests, ways, results, strict=True):
+            for index in range(params.n):
+                tokens, finish = got.get(index, ([], None))
+                alone_tokens, alone_finish = expected[request_id, index]
+                if way == "reads":
+                    assert (tokens, finish) == (alone_tokens, alone_finish), (request_id, index)
+                else:
+                    assert tokens == alone_tokens[:len(tokens)], (request_id, index, way)
+        _assert_released(engine)
+        assert all(count == 0 for count in engine.engine.kv.pages.ref_counts)
+        assert engine.num_waiting_requests == 0 and not engine.engine.has_unfinished_requests
+    finally:
         engine.shutdown()
