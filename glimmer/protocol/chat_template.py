@@ -53,6 +53,10 @@ RENDERING_ARGUMENTS = frozenset({"continue_final_message", "chat_template"})
 """Arguments of transformers' `apply_chat_template` that vLLM's `LLM.chat` also reads from its `chat_template_kwargs`;
 they are no template variables, and a template never reads them: refused as kwargs, not silently ignored."""
 
+TEXT_KWARGS = ("current_date", "knowledge_cutoff")
+"""Kwargs of the Muse Glimmer template (protocol.md §2.1) that it writes into the prompt as text; null or empty leaves
+the template's default."""
+
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 """Names under which clients send a message's reasoning; the first is the one chat templates read (transformers 5,
 and the renderer, offer it under each)."""
@@ -142,6 +146,7 @@ class ChatTemplate:
         extra = {**(chat_template_kwargs or {}), **template_kwargs}
         _refuse_fixed_kwargs(extra, tokens)
         _refuse_opaque_kwargs(extra)
+        _refuse_mistyped_kwargs(extra, self.variables)
         context: dict[str, Any] = {**tokens}
         context["documents"] = None
         context.update({name: _plain(value, guard) for name, value in extra.items()})
@@ -289,6 +294,42 @@ def _refuse_opaque_kwargs(template_kwargs: Mapping[str, Any]) -> None:
             raise RequestError(f"{where} is a {type(value).__name__}, which a chat template cannot read (it would "
                                f"render as '<{type(value).__name__}>'); pass a string, number, boolean, list or "
                                f"object instead, such as {str(value)!r}", param="chat_template_kwargs")
+
+
+def _refuse_mistyped_kwargs(template_kwargs: Mapping[str, Any], variables: Collection[str]) -> None:
+    """RequestError naming a kwarg of the Muse Glimmer template (protocol.md §2.1) of a type it cannot render, where the
+    template reads it: `tool_namespace_descriptions` as a string, list or null failed inside the template ("Object of
+    type Undefined is not JSON serializable", naming `messages`) or was silently ignored, and a `current_date` of
+    `true` rendered "Current date: True."."""
+    descriptions = template_kwargs.get("tool_namespace_descriptions", {})
+    if "tool_namespace_descriptions" in variables and not (
+            isinstance(descriptions, Mapping) and all(isinstance(text, str) for text in descriptions.values())):
+        where = "chat_template_kwargs.tool_namespace_descriptions"
+        if isinstance(descriptions, Mapping):
+            key = next(key for key, text in descriptions.items() if not isinstance(text, str))
+            where, descriptions = f"{where}.{key}", descriptions[key]
+        raise RequestError(f"{where} is {_json_type(descriptions)}; it must be an object mapping each tool namespace "
+                           'to its description string, such as {"calendar": "Reads and writes the user\'s calendar"}',
+                           param="chat_template_kwargs.tool_namespace_descriptions")
+    for name in TEXT_KWARGS:
+        value = template_kwargs.get(name)
+        if name in variables and value is not None and not isinstance(value, str):
+            raise RequestError(f"chat_template_kwargs.{name} is {_json_type(value)}; it must be a string, such as "
+                               '"2026-01-01" (or null for the template\'s default)',
+                               param=f"chat_template_kwargs.{name}")
+
+
+def _json_type(value: Any) -> str:
+    """How a request body spells the type of `value`: "null", "a boolean", "a number", "a string", ..."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "an object" if isinstance(value, Mapping) else "a list"
 
 
 def _template_messages(messages: Any, text: Callable[[str], str]) -> list[dict[str, Any]]:

@@ -353,6 +353,39 @@ def test_non_finite_kwargs_are_request_errors_naming_them(kwargs, where):
     assert where in str(caught.value)
 
 
+CALENDAR_TOOL = [{"type": "function", "function": {"name": "calendar.add", "description": "", "parameters": {}}}]
+
+
+@pytest.mark.parametrize(("kwargs", "where", "kind"), [
+    ({"tool_namespace_descriptions": "calendar: the user's calendar"}, "tool_namespace_descriptions", "a string"),
+    ({"tool_namespace_descriptions": "other"}, "tool_namespace_descriptions", "a string"),
+    ({"tool_namespace_descriptions": ["calendar"]}, "tool_namespace_descriptions", "a list"),
+    ({"tool_namespace_descriptions": None}, "tool_namespace_descriptions", "null"),
+    ({"tool_namespace_descriptions": {"calendar": 5}}, "tool_namespace_descriptions.calendar", "a number"),
+    ({"current_date": True}, "current_date", "a boolean"),
+    ({"knowledge_cutoff": ["2026-01-04"]}, "knowledge_cutoff", "a list"),
+])
+def test_mistyped_kwargs_of_the_builtin_template_are_request_errors_naming_them_and_the_type(kwargs, where, kind):
+    """P-TMPL-3: a `tool_namespace_descriptions` string, list or null failed inside the template ("Object of type
+    Undefined is not JSON serializable", a 400 naming `messages`) or was silently ignored, and `current_date: true`
+    rendered "Current date: True."; each is refused naming the kwarg, its type and the type expected."""
+    with pytest.raises(RequestError) as caught:
+        render_chat(USER, tools=CALENDAR_TOOL, template=builtin_template_source(), chat_template_kwargs=kwargs)
+    name = where.split(".")[0]
+    assert caught.value.param == f"chat_template_kwargs.{name}"
+    assert f"chat_template_kwargs.{where} is {kind}; it must be " in str(caught.value)
+    expected = "an object mapping each tool namespace" if name == "tool_namespace_descriptions" else "a string"
+    assert f"must be {expected}" in str(caught.value)
+
+
+def test_kwargs_of_the_builtin_template_of_the_right_type_render_as_under_transformers():
+    kwargs = {"tool_namespace_descriptions": {"calendar": "The user's calendar"}, "current_date": "2026-01-01",
+              "knowledge_cutoff": None}
+    template = builtin_template_source()
+    assert render_chat(USER, tools=CALENDAR_TOOL, template=template, chat_template_kwargs=kwargs) == reference_render(
+        template, USER, tools=CALENDAR_TOOL, **kwargs)
+
+
 def test_token_variables_cannot_be_replaced_by_keyword_either():
     with pytest.raises(RequestError, match="bos_token"):
         render_chat(USER, template="x", bos_token="<s><s>")
