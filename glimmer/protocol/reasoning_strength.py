@@ -67,16 +67,15 @@ def resolve_reasoning_strength(
     ConfigError for an unsupported server `default`.
     """
     template_kwargs = chat_template_kwargs or {}
-    strength = _one_value("reasoning_strength", reasoning_strength, template_kwargs)
+    strength, param = _one_value("reasoning_strength", reasoning_strength, template_kwargs)
     if strength is not None:
-        return checked_strength(strength)
-    effort = _one_value("reasoning_effort", reasoning_effort, template_kwargs)
+        return checked_strength(strength, param)
+    effort, param = _one_value("reasoning_effort", reasoning_effort, template_kwargs)
     if effort is not None:
-        return strength_for_effort(effort)
-    thinking = _one_value("enable_thinking", enable_thinking, template_kwargs)
+        return strength_for_effort(effort, param)
+    thinking, param = _one_value("enable_thinking", enable_thinking, template_kwargs)
     if thinking is not None and not isinstance(thinking, bool):
-        raise RequestError(f"enable_thinking must be true or false, got {thinking!r}",
-                           param="enable_thinking")
+        raise RequestError(f"{param} must be true or false, got {thinking!r}", param=param)
     if thinking is False:
         return strength_for_effort("none")
     if default is not None:
@@ -87,12 +86,16 @@ def resolve_reasoning_strength(
     return None
 
 
-def _one_value(name: str, top_level: Any, template_kwargs: Mapping[str, Any]) -> Any:
+def _one_value(name: str, top_level: Any, template_kwargs: Mapping[str, Any]) -> tuple[Any, str]:
+    """The knob's value and the field it came from, for its error to name the field the client sent: the top-level
+    field's, else `chat_template_kwargs.NAME`'s."""
     in_kwargs = template_kwargs.get(name)
     if top_level is not None and in_kwargs is not None and _comparable(top_level) != _comparable(in_kwargs):
         raise RequestError(f"{name} is given twice with different values ({top_level!r} and "
                            f"chat_template_kwargs.{name}={in_kwargs!r}); give it once", param=name)
-    return top_level if top_level is not None else in_kwargs
+    if top_level is None and in_kwargs is not None:
+        return in_kwargs, f"chat_template_kwargs.{name}"
+    return top_level, name
 
 
 def _comparable(value: Any) -> Any:

@@ -134,3 +134,14 @@ def test_system_prompt_mentioning_reasoning_wins_over_the_resolved_strength():
     rendered = render_chat(messages, template=builtin_template_source(), reasoning_strength=strength)
     assert "Reasoning strength: low." in rendered
     assert "xhigh" not in rendered
+
+
+@pytest.mark.parametrize(("name", "value"), [("reasoning_effort", "max"), ("reasoning_effort", 5),
+                                             ("reasoning_strength", "none"), ("enable_thinking", "false")])
+def test_a_bad_knob_inside_chat_template_kwargs_is_named_where_it_was_sent(name, value):
+    """A knob sent only in chat_template_kwargs was refused naming the top-level field (`reasoning_effort='max' is not
+    supported`, param `reasoning_effort`), which the client never sent; the error names chat_template_kwargs.NAME."""
+    with pytest.raises(RequestError) as caught:
+        resolve_reasoning_strength(chat_template_kwargs={name: value})
+    assert caught.value.param == f"chat_template_kwargs.{name}"
+    assert str(caught.value).startswith(f"chat_template_kwargs.{name}")
