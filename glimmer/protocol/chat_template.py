@@ -144,9 +144,7 @@ class ChatTemplate:
         guard = ControlTokenGuard(control_tokens)
         tokens = dict(DEFAULT_SPECIAL_TOKENS if special_tokens is None else special_tokens)
         extra = {**(chat_template_kwargs or {}), **template_kwargs}
-        _refuse_fixed_kwargs(extra, tokens)
-        _refuse_opaque_kwargs(extra)
-        _refuse_mistyped_kwargs(extra, self.variables)
+        self.check_kwargs(extra, tokens)
         context: dict[str, Any] = {**tokens}
         context["documents"] = None
         context.update({name: _plain(value, guard) for name, value in extra.items()})
@@ -162,6 +160,14 @@ class ChatTemplate:
         except Exception as error:  # a template can fail in any Python operation it performs
             raise ChatTemplateError(f"{type(error).__name__}: {error}") from error
         return guard.prompt(text)
+
+    def check_kwargs(self, template_kwargs: Mapping[str, Any], special_tokens: Mapping[str, str] | None = None) -> None:
+        """Raises RequestError for template kwargs that every render would refuse (`render`'s refusals): one replacing
+        a fixed or token variable, a value no template can read, a kwarg of the Muse Glimmer template of another type
+        than it renders. A server checks its default kwargs so, once at start."""
+        _refuse_fixed_kwargs(template_kwargs, DEFAULT_SPECIAL_TOKENS if special_tokens is None else special_tokens)
+        _refuse_opaque_kwargs(template_kwargs)
+        _refuse_mistyped_kwargs(template_kwargs, self.variables)
 
 
 class FramingTokenizer(Protocol):

@@ -14,6 +14,7 @@ from anyio import CapacityLimiter
 from glimmer.engine.async_engine import AsyncEngine
 from glimmer.engine.grammar import GrammarCompiler
 from glimmer.engine.tokenizer import Tokenizer
+from glimmer.errors import ConfigError, RequestError
 from glimmer.protocol import ChatTemplate
 from glimmer.server.errors import APIError
 from glimmer.server.metrics import ServerMetrics
@@ -42,10 +43,14 @@ class ServingContext:
     @classmethod
     def create(cls, engine: AsyncEngine, settings: ServerSettings) -> ServingContext:
         """Raises CheckpointError (no chat template) or ConfigError (a template that breaks the protocol: the engine
-        probes it as it compiles it)."""
+        probes it as it compiles it; default chat template kwargs every request would be refused for)."""
         llm_engine = engine.engine
         tokenizer = llm_engine.tokenizer
         template = llm_engine.chat_template
+        try:  # refused in every request, a default the client never sent would be blamed on its chat_template_kwargs
+            template.check_kwargs(settings.default_chat_template_kwargs, tokenizer.special_tokens)
+        except RequestError as error:
+            raise ConfigError(f"default_chat_template_kwargs (--default-chat-template-kwargs): {error}") from None
         # index the vocabulary for the grammar engine at startup, not on the first structured request
         return cls(engine, settings, tokenizer, template, ServerMetrics(engine, settings.served_model_names[0]),
                    llm_engine.grammars, hidden_special_tokens=tokenizer.hidden_in_replies,

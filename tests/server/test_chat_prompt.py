@@ -254,6 +254,21 @@ def test_default_template_variables_that_are_no_variables_are_refused(name):
         ServerSettings(served_model_names=("tiny",), default_chat_template_kwargs={name: False})
 
 
+@pytest.mark.parametrize(("defaults", "words"), [
+    ({"bos_token": "<s>"}, "may not set 'bos_token'"),
+    ({"messages": []}, "may not set 'messages'"),
+    ({"knowledge_cutoff": float("nan")}, "chat_template_kwargs.knowledge_cutoff is nan"),
+    ({"tool_namespace_descriptions": "calendar"}, "chat_template_kwargs.tool_namespace_descriptions is a string"),
+])
+def test_default_template_variables_every_request_would_be_refused_for_stop_the_start(engine, defaults, words):
+    """A server started with such --default-chat-template-kwargs refused every chat request with a 400 naming the
+    client's chat_template_kwargs, which the client never sent; the server does not start, naming the option."""
+    with pytest.raises(ConfigError) as raised:
+        context(engine, default_chat_template_kwargs=defaults)
+    assert str(raised.value).startswith("default_chat_template_kwargs (--default-chat-template-kwargs): ")
+    assert words in str(raised.value)
+
+
 @pytest.mark.parametrize(("choice", "declared"), [("none", False), ("auto", True), (None, True)])
 def test_tools_are_left_out_of_the_prompt_under_tool_choice_none(engine, choice, declared):
     """P-REQ-3, vLLM's --exclude-tools-when-tool-choice-none (which Glimmer always does): the prompt of a chat request
