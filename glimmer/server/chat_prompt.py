@@ -53,6 +53,7 @@ from glimmer.protocol import (
     ChatTemplate,
     normalize_tools,
     resolve_reasoning_strength,
+    strength_for_effort,
 )
 from glimmer.protocol.request_normalization import prefix_message_index
 from glimmer.protocol.tool_choice import ToolPlan, plan_tools
@@ -101,6 +102,7 @@ def _built_chat_prompt(request: ChatCompletionRequest, context: ServingContext, 
             raise RequestError(f"reasoning.effort: {request.reasoning.effort!r} contradicts reasoning_effort "
                                f"{effort!r}; send one of them", param="reasoning.effort")
         effort = request.reasoning.effort
+        strength_for_effort(effort, "reasoning.effort")  # refused naming the field the client sent
     strength = resolve_reasoning_strength(
         reasoning_strength=request.reasoning_strength,
         reasoning_effort=effort,

@@ -238,6 +238,16 @@ def test_continue_final_message_ends_the_prompt_inside_the_assistant_message_and
     assert prompt.continue_recipient == "get_weather"
 
 
+@pytest.mark.parametrize("effort", ["max", ""])
+def test_an_unsupported_reasoning_object_effort_is_refused_naming_it(engine, effort):
+    """`reasoning: {"effort": "max"}` on /v1/chat/completions was refused as `reasoning_effort='max'`, param
+    `reasoning_effort`, a field the client never sent; the 400 names `reasoning.effort` (P-EFF-2)."""
+    with pytest.raises(RequestError) as raised:
+        build_chat_prompt(request(reasoning={"effort": effort}), context(engine))
+    assert raised.value.param == "reasoning.effort"
+    assert str(raised.value).startswith(f"reasoning.effort={effort!r} is not supported; use one of none, minimal")
+
+
 def test_the_servers_default_template_variables_go_under_the_requests_own(engine):
     """vLLM's --default-chat-template-kwargs: each request's chat_template_kwargs win, key by key."""
     ctx = context(engine, default_chat_template_kwargs={"current_date": "2030-05-05"})
