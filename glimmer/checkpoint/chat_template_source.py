@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Protocol
 
 from glimmer.checkpoint.broken_links import refuse_not_a_file
-from glimmer.errors import CheckpointError
-from glimmer.protocol import ChatTemplate, ChatTemplateError
+from glimmer.errors import CheckpointError, ConfigError
+from glimmer.protocol import ChatTemplate, ChatTemplateError, check_chat_template
+from glimmer.protocol.chat_template import FramingTokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +63,22 @@ class ChatTemplateSource:
         except ChatTemplateError as error:
             raise CheckpointError(f"the chat template from {self.origin} does not compile ({error.template_message}); "
                                   f"fix it, or pass a working one with {OVERRIDE_OPTION}") from None
+
+    def probed(self, tokenizer: FramingTokenizer) -> ChatTemplate:
+        """The compiled template, put through `check_chat_template`'s probe chat (what the server's start and `glimmer
+        inspect` check). Raises CheckpointError where it does not compile, and ChatTemplateError (it fails to render)
+        or ConfigError (it breaks the protocol) naming where it came from and the option that replaces it: a template
+        that raised at start was reported as "chat template error: boom", with neither."""
+        template = self.compile()
+        fix = f"fix it, or pass a working one with {OVERRIDE_OPTION}"
+        try:
+            check_chat_template(template, tokenizer)
+        except ChatTemplateError as error:
+            raise ChatTemplateError(f"the chat template from {self.origin} fails on a one-message probe chat: "
+                                    f"{error.template_message}; {fix}") from None
+        except ConfigError as error:
+            raise ConfigError(f"the chat template from {self.origin} fails its check: {error} ({fix})") from None
+        return template
 
 
 def find_chat_template(

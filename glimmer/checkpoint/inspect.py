@@ -20,7 +20,6 @@ from glimmer.checkpoint.weights import (
 )
 from glimmer.errors import CheckpointError
 from glimmer.multimodal.settings import checkpoint_media_settings
-from glimmer.protocol import check_chat_template
 
 CONFIG_ONLY = "config-only"  # the format reported for a directory without weights (`is_config_only`)
 PARAMETER_GROUPS = (
@@ -149,7 +148,7 @@ def _checked_chat_template(opened: OpenedCheckpoint, tokenizer: Any, override: s
             raise
         warnings.append(f"no chat template: {error}")
         return {"origin": None, "sha256": None, "warning": warnings[-1]}
-    check_chat_template(source.compile(), tokenizer)
+    source.probed(tokenizer)
     return {"origin": source.origin, "sha256": source.sha256}
 
 

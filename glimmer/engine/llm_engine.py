@@ -75,7 +75,7 @@ from glimmer.errors import (
 )
 from glimmer.multimodal import MediaLimits, MediaProcessor, checkpoint_media_settings
 from glimmer.multimodal.placeholders import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
-from glimmer.protocol import ChatTemplate, check_chat_template
+from glimmer.protocol import ChatTemplate
 
 logger = logging.getLogger(__name__)
 
@@ -632,11 +632,9 @@ class LLMEngine:
         if self._chat_template is None:
             source = find_checkpoint_chat_template(  # logs origin and sha256
                 self.checkpoint_dir, self.config.chat_template, self.checkpoint.tokenizer)
-            template = source.compile()
             # unbounded by max_prompt_chars, as before the engine probed it: a context too short for any chat (a
             # tiny --max-model-len) is the chat's refusal, naming the flag, not the template's
-            check_chat_template(template, self.tokenizer)
-            self._chat_template = template
+            self._chat_template = source.probed(self.tokenizer)
         return self._chat_template
 
     @property

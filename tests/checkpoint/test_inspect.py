@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from glimmer import LLM, SamplingParams
 from glimmer.cli import INSPECT_EXIT_STATUS, main
 from glimmer.engine.model_loader import load_model
-from glimmer.errors import CheckpointError, ConfigError
+from glimmer.errors import CheckpointError, ConfigError, GlimmerError
 
 
 def _breakages():
@@ -114,6 +114,28 @@ def test_a_checkpoint_template_that_does_not_compile_is_named_by_its_file(tiny_c
     assert "chat_template.jinja does not compile (line 1:" in err and "--chat-template FILE" in err
     llm = LLM(str(checkpoint), progress=False)
     with pytest.raises(CheckpointError, match=r"chat_template\.jinja does not compile"):
+        llm.chat([{"role": "user", "content": "hi"}])
+
+
+@pytest.mark.parametrize(("source", "error", "words"), [
+    ("{{ raise_exception('no chat here') }}", "ChatTemplateError", "fails on a one-message probe chat: no chat here"),
+    ("{{ bos_token }}{{ greeting.text }}<|start|>assistant", "ChatTemplateError", "'greeting' is undefined"),
+    ("{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}", "ConfigError", "fails its check: the chat "
+     "template's generation prompt must be exactly '<|start|>assistant'"),
+])
+def test_a_chat_template_failing_its_probe_is_named_by_its_origin_and_the_fix(tiny_checkpoint, tmp_path, capsys,
+                                                                               source, error, words):
+    """A --chat-template (or a checkpoint's template) that compiles but fails the probe chat was reported as "chat
+    template error: no chat here" (or "'greeting' is undefined"), naming neither the template nor what to do; the error
+    names where it came from and the option that replaces it, as one that does not compile does."""
+    template = tmp_path / "failing.jinja"
+    template.write_text(source)
+    assert main(["inspect", str(tiny_checkpoint), "--chat-template", str(template)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"glimmer: error: {error}: ") and words in err
+    assert f"the chat template from --chat-template {template} " in err and "--chat-template FILE" in err
+    llm = LLM(str(tiny_checkpoint), progress=False, chat_template=str(template))
+    with pytest.raises(GlimmerError, match=f"the chat template from --chat-template {re.escape(str(template))} "):
         llm.chat([{"role": "user", "content": "hi"}])
 
 
