@@ -307,22 +307,32 @@ def _refuse_mistyped_kwargs(template_kwargs: Mapping[str, Any], variables: Colle
     template reads it: `tool_namespace_descriptions` as a string, list or null failed inside the template ("Object of
     type Undefined is not JSON serializable", naming `messages`) or was silently ignored, and a `current_date` of
     `true` rendered "Current date: True."."""
-    descriptions = template_kwargs.get("tool_namespace_descriptions", {})
-    if "tool_namespace_descriptions" in variables and not (
-            isinstance(descriptions, Mapping) and all(isinstance(text, str) for text in descriptions.values())):
-        where = "chat_template_kwargs.tool_namespace_descriptions"
-        if isinstance(descriptions, Mapping):
-            key = next(key for key, text in descriptions.items() if not isinstance(text, str))
-            where, descriptions = f"{where}.{key}", descriptions[key]
-        raise RequestError(f"{where} is {_json_type(descriptions)}; it must be an object mapping each tool namespace "
-                           'to its description string, such as {"calendar": "Reads and writes the user\'s calendar"}',
-                           param="chat_template_kwargs.tool_namespace_descriptions")
+    if "tool_namespace_descriptions" in variables:
+        _refuse_mistyped_descriptions(template_kwargs.get("tool_namespace_descriptions", {}))
     for name in TEXT_KWARGS:
         value = template_kwargs.get(name)
         if name in variables and value is not None and not isinstance(value, str):
             raise RequestError(f"chat_template_kwargs.{name} is {_json_type(value)}; it must be a string, such as "
                                '"2026-01-01" (or null for the template\'s default)',
                                param=f"chat_template_kwargs.{name}")
+
+
+def _refuse_mistyped_descriptions(descriptions: Any) -> None:
+    """RequestError unless `descriptions` maps namespaces to strings; a key with a dot is no namespace (a tool's name
+    up to its first dot, §2.1), and its description, matching none, would be silently left out."""
+    where = "chat_template_kwargs.tool_namespace_descriptions"
+    if not (isinstance(descriptions, Mapping) and all(isinstance(text, str) for text in descriptions.values())):
+        if isinstance(descriptions, Mapping):
+            key = next(key for key, text in descriptions.items() if not isinstance(text, str))
+            where, descriptions = f"{where}.{key}", descriptions[key]
+        raise RequestError(f"{where} is {_json_type(descriptions)}; it must be an object mapping each tool namespace "
+                           'to its description string, such as {"calendar": "Reads and writes the user\'s calendar"}',
+                           param="chat_template_kwargs.tool_namespace_descriptions")
+    dotted = next((key for key in descriptions if isinstance(key, str) and "." in key), None)
+    if dotted is not None:
+        raise RequestError(f"{where} names {dotted!r}, which is no namespace (a namespace is a tool's name up to its "
+                           "first dot), so its description would reach no prompt; describe the namespace "
+                           f"{dotted.split('.')[0]!r} instead", param=where)
 
 
 def _json_type(value: Any) -> str:

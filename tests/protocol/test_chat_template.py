@@ -378,6 +378,17 @@ def test_mistyped_kwargs_of_the_builtin_template_are_request_errors_naming_them_
     assert f"must be {expected}" in str(caught.value)
 
 
+def test_a_namespace_description_keyed_by_a_dotted_name_is_refused_not_ignored():
+    """A namespace is a tool's name up to its first dot (§2.1): a description under "calendar.add" matched no namespace
+    and was silently left out of the prompt; it is refused naming the namespace to describe."""
+    with pytest.raises(RequestError) as caught:
+        render_chat(USER, tools=CALENDAR_TOOL, template=builtin_template_source(),
+                    chat_template_kwargs={"tool_namespace_descriptions": {"calendar.add": "Adds an event"}})
+    assert caught.value.param == "chat_template_kwargs.tool_namespace_descriptions"
+    assert "'calendar.add', which is no namespace" in str(caught.value)
+    assert "describe the namespace 'calendar' instead" in str(caught.value)
+
+
 def test_kwargs_of_the_builtin_template_of_the_right_type_render_as_under_transformers():
     kwargs = {"tool_namespace_descriptions": {"calendar": "The user's calendar"}, "current_date": "2026-01-01",
               "knowledge_cutoff": None}
