@@ -190,6 +190,9 @@ def _prompts(prompt: str | list[str] | list[int] | list[list[int]], add_special_
         try:
             if isinstance(text_or_ids, str):
                 ids.append(text_prompt_ids(text_or_ids, add_special_tokens, context))
+                if not ids[-1]:  # "" without the bos: the engine refused it only once the prompts before it ran
+                    raise RequestError(f"{name}: must not be empty (add_special_tokens is false, so no bos is added "
+                                       "to it); give it some text, or leave add_special_tokens true", param=name)
             else:
                 ids.append(checked_token_ids(text_or_ids, name, engine.token_count))
             ids[-1], _ = engine.truncate_prompt(ids[-1], [], params)

@@ -402,6 +402,18 @@ def test_an_empty_completions_prompt_is_named(server, prompt, param):
     assert (error["param"], error["message"]) == (param, f"{param}: must not be empty")
 
 
+@pytest.mark.parametrize(("prompt", "param"), [("", "prompt"), (["lighthouse " * 8, ""], "prompt[1]")])
+def test_an_empty_text_prompt_without_the_bos_is_named_and_admits_none_of_its_batch(server, prompt, param):
+    """Under vLLM's add_special_tokens false an empty text has no token: the engine refused it as "the prompt is empty"
+    (no field, no fix), and only after the batch's earlier prompts were admitted and prefilled for the 400."""
+    admitted = server.wait_for_idle()["glimmer_prompt_tokens_total"]
+    body = {"model": "tiny", "prompt": prompt, "add_special_tokens": False, "max_tokens": 3}
+    error = error_of(post(server, body, path="/completions"), 400)
+    assert error["param"] == param and error["message"].startswith(f"{param}: must not be empty"), error
+    assert "add_special_tokens" in error["message"]
+    assert server.wait_for_idle()["glimmer_prompt_tokens_total"] == admitted
+
+
 def test_a_prompt_over_max_model_len_is_said_to_exceed_it(server):
     """A prompt longer than the context exceeds it (it said "leaves no room to generate", as for one that fills it)."""
     limit = server.engine.engine.max_model_len
