@@ -31,6 +31,15 @@ LANCZOS = 1
 logger = logging.getLogger(__name__)
 
 
+def is_finite(value: float) -> bool:
+    """`math.isfinite`, false for an int (or Fraction) past the largest float (about 1.8e308), on which it raises
+    OverflowError: a config's `"fps": 1000…0` of 400 digits is no rate, and must be refused as any other."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 @dataclass(frozen=True)
 class MediaSettings:
     patch_size: int = 14
@@ -63,12 +72,12 @@ class MediaSettings:
                 raise ConfigError(f"preprocessor config: {name}={value!r} is invalid; expected a positive integer")
         for name in ("video_sample_fps", "rescale_factor"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+            if isinstance(value, bool) or not isinstance(value, int | float) or not is_finite(value) or value <= 0:
                 raise ConfigError(f"preprocessor config: {name}={value!r} is invalid; expected a positive number")
         for name in ("image_mean", "image_std"):
             value = getattr(self, name)
             if not isinstance(value, tuple | list) or len(value) != 3 or not all(
-                isinstance(v, int | float) and math.isfinite(v) for v in value
+                isinstance(v, int | float) and is_finite(v) for v in value
             ):
                 raise ConfigError(f"preprocessor config: {name}={value!r} is invalid; expected three numbers (R, G, B)")
         if not all(v > 0 for v in self.image_std):

@@ -59,7 +59,7 @@ from glimmer.multimodal.errors import MediaDecodeError, MediaLimitError
 from glimmer.multimodal.image import array_to_rgb, as_frame_tensor, is_image_data, pil_to_rgb
 from glimmer.multimodal.patches import patch_rows
 from glimmer.multimodal.resize import resize_frames, smart_resize
-from glimmer.multimodal.settings import MediaLimits, MediaSettings
+from glimmer.multimodal.settings import MediaLimits, MediaSettings, is_finite
 
 logger = logging.getLogger(__name__)
 
@@ -373,7 +373,7 @@ def _decoded_frames(video: DecodedVideo, settings: MediaSettings, limits: MediaL
             "video %d: no fps given with the frames; assuming %s as the reference does", index, DEFAULT_VIDEO_FPS
         )
         fps = DEFAULT_VIDEO_FPS
-    elif isinstance(fps, bool) or not isinstance(fps, numbers.Real) or not math.isfinite(fps) or fps <= 0:
+    elif isinstance(fps, bool) or not isinstance(fps, numbers.Real) or not is_finite(fps) or fps <= 0:
         raise MediaDecodeError("video", index, f"fps={fps!r} is invalid; expected a positive number")
     wanted = sample_frame_indices(total_frames, fps, settings)
     if isinstance(frames, np.ndarray):

@@ -159,6 +159,9 @@ def test_a_checkpoint_with_its_image_processor_config_loads_it_without_a_warning
         ({**IMAGE_CONFIG, "image_std": [0.5, 0.5]}, {}, "image_std"),
         ({**IMAGE_CONFIG, "image_mean": True}, {}, "image_mean=True is invalid"),
         ({}, {**VIDEO_CONFIG, "frame_timestamp_format": 5}, "frame_timestamp_format=5 is invalid"),
+        # a JSON integer past the largest float: math.isfinite raised OverflowError
+        ({}, {**VIDEO_CONFIG, "fps": 10**400}, "video_sample_fps=1" + "0" * 400 + " is invalid"),
+        ({**IMAGE_CONFIG, "image_std": [10**400, 0.5, 0.5]}, {}, "image_std=(1" + "0" * 400 + ", 0.5, 0.5"),
         # processor_config.json's sections that are not objects were an AttributeError
         ({"image_processor": "x"}, {}, "processor_config.json: image_processor must be a JSON object, not str"),
         ({"image_processor": IMAGE_CONFIG, "video_processor": [VIDEO_CONFIG]}, {},

@@ -384,6 +384,11 @@ def test_a_frames_array_alone_is_a_video_at_the_references_24_fps(caplog) -> Non
         pytest.param(DecodedVideo(np.zeros((2, 8, 8, 3), dtype=np.uint8), fps=True), "fps=True", id="bool-fps"),
         pytest.param(DecodedVideo(np.zeros((2, 8, 8, 3), dtype=np.uint8), fps=float("inf")), "fps=inf",
                      id="infinite-fps"),
+        # past the largest float: math.isfinite raised OverflowError
+        pytest.param(DecodedVideo(np.zeros((2, 8, 8, 3), dtype=np.uint8), fps=10**400), "fps=10{400} is invalid",
+                     id="integer-fps-past-float"),
+        pytest.param((np.zeros((2, 8, 8, 3), dtype=np.uint8), {"fps": Fraction(10**400, 3)}),
+                     r"fps=Fraction\(10{400}, 3\) is invalid", id="fraction-fps-past-float"),
         pytest.param(
             DecodedVideo([Image.new("RGB", (8, 8)), Image.new("RGB", (9, 8))], fps=2.0), "same size", id="mixed-sizes"
         ),
