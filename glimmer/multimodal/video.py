@@ -405,17 +405,23 @@ def _frame_indices(indices: object, index: int) -> list[int]:
 
 def _from_frames_and_metadata(frames: object, metadata: Mapping, index: int) -> DecodedVideo:
     """vLLM's `(frames, metadata)` video: every frame of the video, at `metadata["fps"]`. Frames already sampled
-    (`do_sample_frames` false, or `frames_indices` other than 0..T-1) are refused: sampling them again would keep
-    other frames than the reference keeps, and their times would be wrong."""
+    (`do_sample_frames` false, `frames_indices` other than 0..T-1, or a `total_num_frames` other than T) are
+    refused: sampling them again would keep other frames than the reference keeps, and their times would be wrong."""
     count = len(frames) if isinstance(frames, np.ndarray | Sequence) else None
     indices = metadata.get("frames_indices")
     if indices is not None:
         indices = _frame_indices(indices, index)
+    total = metadata.get("total_num_frames")
+    every_frame = ("a (frames, metadata) video must hold every frame of the video (frames already sampled are not "
+                   "supported: the model samples its own); pass all decoded frames, or the encoded video")
     if metadata.get("do_sample_frames") is False or (
             indices is not None and count is not None and indices != list(range(count))):
-        raise MediaDecodeError("video", index, "a (frames, metadata) video must hold every frame of the video "
-                                               "(frames already sampled are not supported: the model samples its "
-                                               "own); pass all decoded frames, or the encoded video")
+        raise MediaDecodeError("video", index, every_frame)
+    if total is not None and count is not None and not (
+            isinstance(total, numbers.Real) and not isinstance(total, bool) and total == count):
+        # 32 frames sampled from a clip of metadata total_num_frames=300 were read as the whole clip, at its fps
+        raise MediaDecodeError("video", index, f"metadata total_num_frames={total!r} but {count} frames were "
+                                               f"given: {every_frame}")
     return DecodedVideo(frames, fps=metadata.get("fps"))
 
 

@@ -161,12 +161,27 @@ def test_an_array_stacking_images_or_videos_is_that_many_items_as_vllm_reads_it(
 
 
 @pytest.mark.parametrize("metadata", [{"fps": 3.0, "do_sample_frames": False},
-                                      {"fps": 3.0, "frames_indices": [0, 4, 8, 12]}])
+                                      {"fps": 3.0, "frames_indices": [0, 4, 8, 12]},
+                                      # 4 frames sampled from a clip of 16, without their indices, were read as the
+                                      # whole clip at 3 fps: other frames kept, and their times a quarter of the truth
+                                      {"fps": 3.0, "total_num_frames": 16, "duration": 16 / 3.0},
+                                      {"fps": 3.0, "total_num_frames": "4"}])
 def test_frames_already_sampled_are_refused_naming_the_fix(llm, metadata):
     frames = np.zeros((4, 60, 90, 3), dtype=np.uint8)
     with pytest.raises(RequestError, match="must hold every frame of the video"):
         llm.generate({"prompt": "<|video|>", "multi_modal_data": {"video": (frames, metadata)}},
                      SamplingParams(max_tokens=2))
+
+
+def test_frames_with_metadata_counting_every_frame_are_read_at_its_fps(llm):
+    """A total_num_frames equal to the frames given (an int, a NumPy int, or a whole float) is every frame."""
+    frames = np.zeros((4, 60, 90, 3), dtype=np.uint8)
+    expected = llm.generate({"prompt": "<|video|>", "multi_modal_data": {"video": (frames, {"fps": 3.0})}},
+                            SamplingParams(max_tokens=2))[0]
+    for total in (4, np.int64(4), 4.0):
+        out = llm.generate({"prompt": "<|video|>", "multi_modal_data": {"video": (frames, {
+            "fps": 3.0, "total_num_frames": total, "frames_indices": list(range(4))})}}, SamplingParams(max_tokens=2))
+        assert out[0].prompt_token_ids == expected.prompt_token_ids
 
 
 @pytest.mark.parametrize("indices", [5, np.arange(4)[:, None], "0123", [0.5, 1, 2, 3]])
