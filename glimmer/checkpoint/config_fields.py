@@ -197,15 +197,19 @@ def is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def is_finite_number(value: Any) -> bool:
-    """A number a float holds as a finite value: not NaN or infinity (Python's json reads them), and no integer past
-    a float's range (10**400 written as digits, on which math.isfinite itself raises OverflowError)."""
-    if not is_number(value):
-        return False
+def is_finite(value: Any) -> bool:
+    """`math.isfinite`, false for an integer (or Fraction) past a float's range (10**400 written as digits), on which
+    math.isfinite itself raises OverflowError."""
     try:
         return math.isfinite(value)
     except OverflowError:
         return False
+
+
+def is_finite_number(value: Any) -> bool:
+    """A number a float holds as a finite value: not NaN or infinity (Python's json reads them), and no integer past
+    a float's range (`is_finite`)."""
+    return is_number(value) and is_finite(value)
 
 
 def as_float(value: Any) -> Any:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import math
 import os
 import re
 from collections.abc import Mapping
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from glimmer.checkpoint.config import VisionConfig
+from glimmer.checkpoint.config_fields import is_finite
 from glimmer.checkpoint.json_files import read_json_object
 from glimmer.errors import ConfigError
 from glimmer.multimodal.errors import MediaDecodeError, MediaLimitError
@@ -29,15 +29,6 @@ from glimmer.multimodal.errors import MediaDecodeError, MediaLimitError
 LANCZOS = 1
 
 logger = logging.getLogger(__name__)
-
-
-def is_finite(value: float) -> bool:
-    """`math.isfinite`, false for an int (or Fraction) past the largest float (about 1.8e308), on which it raises
-    OverflowError: a config's `"fps": 1000…0` of 400 digits is no rate, and must be refused as any other."""
-    try:
-        return math.isfinite(value)
-    except OverflowError:
-        return False
 
 
 @dataclass(frozen=True)

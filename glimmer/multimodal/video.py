@@ -55,11 +55,12 @@ import torch
 from PIL import Image
 
 from glimmer.cancellation import CancelToken
+from glimmer.checkpoint.config_fields import is_finite
 from glimmer.multimodal.errors import MediaDecodeError, MediaLimitError
 from glimmer.multimodal.image import array_to_rgb, as_frame_tensor, is_image_data, pil_to_rgb
 from glimmer.multimodal.patches import patch_rows
 from glimmer.multimodal.resize import resize_frames, smart_resize
-from glimmer.multimodal.settings import MediaLimits, MediaSettings, is_finite
+from glimmer.multimodal.settings import MediaLimits, MediaSettings
 
 logger = logging.getLogger(__name__)
 
