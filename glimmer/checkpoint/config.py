@@ -84,8 +84,17 @@ def _require_positive_int(owner: str, name: str, value: Any) -> None:
                           "(torch's int64)")
 
 
+def is_finite(value: Any) -> bool:
+    """`math.isfinite`, false for an integer (or Fraction) past a float's range (10**400 written as digits), on which
+    math.isfinite itself raises OverflowError."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def _require_positive_float(owner: str, name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not is_finite(value) or value <= 0:
         raise ConfigError(f"{owner}.{name}={value!r} is invalid; expected a positive finite number")
 
 

@@ -6,11 +6,10 @@ checks of single values (`positive_int`, `checked_bool`, …) whose errors name 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
-from glimmer.checkpoint.config import too_many_layers
+from glimmer.checkpoint.config import is_finite, too_many_layers
 from glimmer.errors import ConfigError
 
 # Written by PreTrainedConfig.to_dict / save_pretrained or by training code; none changes what the model
@@ -197,15 +196,6 @@ def is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def is_finite(value: Any) -> bool:
-    """`math.isfinite`, false for an integer (or Fraction) past a float's range (10**400 written as digits), on which
-    math.isfinite itself raises OverflowError."""
-    try:
-        return math.isfinite(value)
-    except OverflowError:
-        return False
-
-
 def is_finite_number(value: Any) -> bool:
     """A number a float holds as a finite value: not NaN or infinity (Python's json reads them), and no integer past
     a float's range (`is_finite`)."""
@@ -213,8 +203,9 @@ def is_finite_number(value: Any) -> bool:
 
 
 def as_float(value: Any) -> Any:
-    """JSON integers in float fields (rope_theta: 500000) become floats; anything else is left to validation."""
-    return float(value) if is_int(value) else value
+    """JSON integers in float fields (rope_theta: 500000) become floats; anything else is left to validation (an
+    integer past a float's range too, which the positive-number check refuses naming its field)."""
+    return float(value) if is_int(value) and is_finite(value) else value
 
 
 def token_ids(value: Any, name: str, notes: Notes) -> tuple[int, ...]:

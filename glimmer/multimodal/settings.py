@@ -18,8 +18,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from glimmer.checkpoint.config import VisionConfig
-from glimmer.checkpoint.config_fields import is_finite
+from glimmer.checkpoint.config import VisionConfig, is_finite
 from glimmer.checkpoint.json_files import read_json_object
 from glimmer.errors import ConfigError
 from glimmer.multimodal.errors import MediaDecodeError, MediaLimitError

@@ -55,7 +55,7 @@ import torch
 from PIL import Image
 
 from glimmer.cancellation import CancelToken
-from glimmer.checkpoint.config_fields import is_finite
+from glimmer.checkpoint.config import is_finite
 from glimmer.multimodal.errors import MediaDecodeError, MediaLimitError
 from glimmer.multimodal.image import array_to_rgb, as_frame_tensor, is_image_data, pil_to_rgb
 from glimmer.multimodal.patches import patch_rows

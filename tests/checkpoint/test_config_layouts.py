@@ -915,6 +915,17 @@ def test_a_vision_mlp_ratio_giving_no_finite_width_is_refused_naming_it(layout, 
     expect_error(raw, f"vision_mlp_ratio={ratio!r} is invalid; expected a positive finite number")
 
 
+@pytest.mark.parametrize(("section", "key"), [
+    ("text_config", "rms_norm_eps"), ("text_config", "final_logit_softcapping"),
+    ("vision_config", "layer_norm_eps")])
+def test_a_float_field_of_an_integer_past_a_floats_range_is_refused_naming_it(section, key):
+    """An integer too large for a float (10**400 written as digits) made the positive-number check's math.isfinite
+    raise a bare OverflowError ("int too large to convert to float"), a traceback naming no field."""
+    raw = config_to_dict(tiny_model(vision=True), "canonical")
+    raw[section][key] = 10**400
+    expect_error(json.loads(json.dumps(raw)), f"{key}={10**400!r} is invalid; expected a positive finite number")
+
+
 def test_canonical_qk_scale_in_the_raw_convention_is_refused():
     raw = config_to_dict(tiny_model(), "canonical")
     raw["text_config"]["qk_scale_factor"] = 15.48  # 3.87·√16
