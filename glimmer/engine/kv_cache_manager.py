@@ -307,16 +307,14 @@ class KVCacheManager:
         found = {group: [pool.lookup(key, tokens) for key, tokens in keys] for group, pool in self.pools.items()}
         best = 0
         for k in range(max_blocks, 0, -1):
-            if all(
-                all(b is not None for b in found[group][self.first_needed_block(group, k * bs) : k])
-                for group in self.pools
-            ):
+            if all(all(b is not None for b in found[group][self._first_cached_block(seq, group, k) : k])
+                   for group in self.pools):
                 best = k
                 break
         if best == 0:
             return 0
         for group, pool in self.pools.items():
-            first = self.first_needed_block(group, best * bs)
+            first = self._first_cached_block(seq, group, best)
             held: list[int | None] = [None] * best
             for i in range(first, best):
                 held[i] = found[group][i]
@@ -325,6 +323,18 @@ class KVCacheManager:
         seq.num_computed_tokens = best * bs
         seq.num_registered_blocks = best
         return best * bs
+
+    def _first_cached_block(self, seq: Sequence, group: str, hit_blocks: int) -> int:
+        """The first of a prefix hit's `hit_blocks` blocks that `group` must find cached. A layer of the model reads
+        the window before each position it computes, so the model's groups need the one before the hit. The drafter's
+        keys and values of a position are its target hidden states' projections, which the target's forward over the
+        rest of the prompt writes again: its blocks are read only by its proposals, whose first anchor is the
+        sequence's last token, so it needs only the window before that (none at all where the rest is longer than
+        its window). Asking it for the window before the hit made a windowed drafter, which keeps little history,
+        lose every hit it had let go of: a prompt sharing 192 cached tokens recomputed all of them."""
+        if group == DRAFT:
+            return max(self.first_needed_block(group, seq.num_tokens - 1), 0)
+        return self.first_needed_block(group, hit_blocks * self.block_size)
 
     def record_prefix_lookup(self, seq: Sequence, cached_tokens: int) -> None:
         """Count an admitted sequence's lookup (`acquire_cached_prefix`) in the prefix-cache hit-rate: the blocks

@@ -274,6 +274,31 @@ def test_a_prefix_cache_hit_restores_the_drafter_context(target, drafter):
     assert drafts == drafts_plain
 
 
+def test_a_windowed_drafter_that_let_a_prefix_go_still_finds_the_models_hit(target, drafter):
+    """A windowed drafter keeps only its window of each running sequence: with one sequence at a time, the drafter
+    blocks of a shared prefix are overwritten as the first request moves on, while the model's pages keep it. A hit
+    asked the drafter for the window before the hit, so the second request found none and recomputed all 96 shared
+    tokens. The drafter's context of a position is its target hidden states' projection, which the target's forward
+    over the rest of the prompt writes again: the hit backs off to leave the drafter its window, and the tokens and
+    drafts are those of a run without the cache."""
+    shared = list(range(20, 116))  # 6 full blocks
+    tail = list(range(200, 290))  # the first request moves well past the drafter's window
+    runs = []
+    for caching in (True, False):
+        llm = LLM(str(target), progress=False, enable_prefix_caching=caching, max_num_seqs=1,
+                  speculative_config=speculative(drafter))
+        first = llm.generate([shared + tail], GREEDY)[0]
+        recorded = record_drafts(llm.engine)
+        second = llm.generate([shared + [7, 8, 9]], GREEDY)[0]
+        runs.append((first.token_ids, second.token_ids, second.num_cached_tokens, recorded))
+        assert all(used == 0 for used, _ in llm.engine.kv.usage().values())
+    (first, second, cached, drafts), (first_plain, second_plain, _, drafts_plain) = runs
+    window, block = DRAFTER.sliding_window, llm.engine.kv.block_size
+    assert cached == (len(shared) + 3 - window) // block * block > 0  # the drafter's window before the last token
+    assert (first, second) == (first_plain, second_plain)
+    assert drafts == drafts_plain
+
+
 def test_an_image_prompt_matches_greedy_without(make_tiny, tmp_path):
     from PIL import Image
 
