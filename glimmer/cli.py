@@ -893,8 +893,11 @@ def _chat(args: argparse.Namespace, sigterm: SigtermWatch) -> int:
                              f"loaded in-process: leave {pronoun} out, or add --url")
     tools = _read_tools(args.tools) if args.tools is not None else None
     color = not args.no_color and not _no_color() and sys.stdout.isatty()
+    # messages piped in (`echo hi | glimmer chat`) are a script's: a failed one is an error on stderr and exit 1
+    # after the rest; at a terminal the user sees it and goes on
+    interactive = sys.stdin is not None and sys.stdin.isatty()
     chat = dict(out=sys.stdout, read_line=input, system=args.system, tools=tools, request_options=options,
-                color=color)
+                color=color, err=None if interactive else sys.stderr)
     if args.url is not None:
         from glimmer.server.chat_client import check_server
 
@@ -907,8 +910,8 @@ def _chat(args: argparse.Namespace, sigterm: SigtermWatch) -> int:
             raise UsageError(f"--max-tokens {max_tokens} would make every message fail: the server's model has a "
                              f"context of {max_model_len} tokens, the prompt included; give a --max-tokens that "
                              f"leaves the prompt room (below {max_model_len}), or leave it out")
-        run_chat(args.url, model=args.served_model, api_key=api_key, max_model_len=max_model_len, **chat)
-        return 0
+        failed = run_chat(args.url, model=args.served_model, api_key=api_key, max_model_len=max_model_len, **chat)
+        return _chat_status(failed, interactive)
     from glimmer.server.app import create_app
     from glimmer.server.background import BackgroundServer
     from glimmer.server.settings import ServerSettings
@@ -933,10 +936,19 @@ def _chat(args: argparse.Namespace, sigterm: SigtermWatch) -> int:
         if default_note is not None:
             print(default_note)
         with BackgroundServer(app) as server:
-            run_chat(server.url, model=name, api_key=None, max_model_len=engine.engine.max_model_len, in_process=True,
-                     **chat)
+            failed = run_chat(server.url, model=name, api_key=None, max_model_len=engine.engine.max_model_len,
+                              in_process=True, **chat)
     finally:
         engine.shutdown()
+    return _chat_status(failed, interactive)
+
+
+def _chat_status(failed: int, interactive: bool) -> int:
+    """`chat`'s exit status: 1 where messages read from a pipe or a file failed (each error already on stderr, this
+    line counting them), else 0."""
+    if failed and not interactive:
+        print(f"glimmer chat: {failed} message{'s' * (failed != 1)} failed (errors above)", file=sys.stderr)
+        return 1
     return 0
 
 

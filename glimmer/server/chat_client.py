@@ -332,9 +332,10 @@ def _context_refusal_hint(error: ServerRefusedError, system: str | None, earlier
 def run_chat(url: str, *, model: str | None, api_key: str | None, out: TextIO, read_line: Callable[[str], str],
              system: str | None = None, tools: list[dict[str, Any]] | None = None,
              request_options: dict[str, Any] | None = None, color: bool = True,
-             max_model_len: int | None = None, in_process: bool = False) -> None:
+             max_model_len: int | None = None, in_process: bool = False, err: TextIO | None = None) -> int:
     """The chat loop: read a line, stream the reply, repeat. `/reset` clears the history; `/exit` or EOF ends; Ctrl-C
-    during a reply stops it and drops the turn.
+    during a reply stops it and drops the turn. Returns the number of turns that failed (an error written, the turn
+    dropped); `err`, where their errors go (None: `out`, beside the replies).
     Another `/command` is not sent: the chat lists the commands; `//text` sends `/text`.
     `max_model_len`: the model's context length in tokens, if known, to tell a reply cut by it from one cut by
     max_tokens. `in_process`: the server at `url` runs in this process for the chat alone (`glimmer chat` without
@@ -349,11 +350,14 @@ def run_chat(url: str, *, model: str | None, api_key: str | None, out: TextIO, r
     # blocks (each prompt starts with the previous one) and lets the chat work with a server started with
     # --require-cache-salt.
     cache_salt = secrets.token_hex(16)
+    errors = out if err is None else err
+    failed = 0
     out.write("Type a message; /reset clears the conversation, /exit (or Ctrl-D) leaves.\n")
 
     def reply(turn_start: int) -> dict[str, Any] | None:
         """Stream one reply to the history as it stands (this turn from `turn_start`); None (the error written) if
         the request failed."""
+        nonlocal failed
         # the usage tells which limit cut a reply short (length_notice)
         payload: dict[str, Any] = {"messages": history, "cache_salt": cache_salt,
                                    "stream_options": {"include_usage": True}, **(request_options or {})}
@@ -374,9 +378,11 @@ def run_chat(url: str, *, model: str | None, api_key: str | None, out: TextIO, r
         except ChatClientError as error:
             renderer.finish()
             refused_in_process = in_process and isinstance(error, ServerRefusedError)
-            out.write(f"error: {terminal_text(error.message if refused_in_process else str(error))}\n")
+            errors.write(f"error: {terminal_text(error.message if refused_in_process else str(error))}\n")
             if isinstance(error, ServerRefusedError) and error.context_exceeded:
-                out.write(_context_refusal_hint(error, system, history[:turn_start], request_options))
+                errors.write(_context_refusal_hint(error, system, history[:turn_start], request_options))
+            errors.flush()
+            failed += 1
             return None
         message = renderer.finish()
         if renderer.finish_reason == "length":
@@ -432,7 +438,7 @@ def run_chat(url: str, *, model: str | None, api_key: str | None, out: TextIO, r
                     break
                 history.extend(results)
     except _Exit:
-        return
+        return failed
 
 
 def length_notice(usage: dict[str, Any] | None, max_tokens: int | None, max_model_len: int | None, *,

@@ -164,6 +164,23 @@ def test_a_broken_stream_is_a_chat_error_and_the_turn_is_dropped():
     assert [m["content"] for m in seen[2]["messages"]] == ["three"]
 
 
+def test_the_chat_counts_its_failed_turns_and_writes_their_errors_where_asked():
+    """A script piping messages in could not tell that some failed: run_chat returned nothing. It returns how many
+    turns failed, their errors on `err` (stderr for piped messages) and the replies on `out`."""
+    fine = (200, b'data: {"choices": [{"index": 0, "delta": {"content": "fine"}, "finish_reason": "stop"}]}\n\n'
+                 b"data: [DONE]\n\n")
+    refused = (400, b'{"error": {"message": "bad request", "code": null}}')
+    lines, out, err = iter(["one", "two", "three", "four", "/exit"]), io.StringIO(), io.StringIO()
+    with canned_server([refused, fine, (200, b"data: {\n\n"), fine]) as (url, _):
+        failed = run_chat(url, model=None, api_key=None, out=out, err=err, read_line=lambda prompt: next(lines),
+                          color=False)
+    assert failed == 2
+    assert err.getvalue() == ("error: the server answered HTTP 400: bad request\n"
+                              "error: the server sent an event that is not JSON (Expecting property name enclosed in "
+                              "double quotes: line 1 column 2 (char 1))\n")
+    assert out.getvalue().splitlines()[1:] == ["fine", "fine"]
+
+
 def test_a_server_that_answers_one_json_body_is_named_as_not_streaming():
     """A server (or proxy) ignoring `stream: true` answers one chat.completion: the chat said the reply 'ended
     before it finished (no [DONE])', as if a stream had been cut; a 200 {"error": ...} body showed no message."""

@@ -1429,18 +1429,32 @@ def test_chat_options_the_server_takes_pass_the_checks():
     assert _chat_request_options(build_parser().parse_args(["chat"])) == {}
 
 
+def _typed(lines: list[str]):
+    """An `input` that reads `lines`, then raises EOFError as at the end of a pipe (or Ctrl-D)."""
+    rest = iter(lines)
+
+    def read_line(prompt: str) -> str:
+        line = next(rest, None)
+        if line is None:
+            raise EOFError
+        return line
+
+    return read_line
+
+
 @pytest.fixture
 def chat_in_process(capsys, monkeypatch, tiny_checkpoint):
-    """chat(args, lines) runs `glimmer chat TINY ARGS` in this process, typing `lines` and then /exit: (exit code,
-    stdout, stderr). The loggers the chat quiets get their levels back afterwards."""
+    """chat(args, lines) runs `glimmer chat TINY ARGS` in this process, typing `lines` at a terminal and then /exit
+    (piped: `lines` read from a pipe, then its end): (exit code, stdout, stderr). The loggers the chat quiets get
+    their levels back afterwards."""
     from glimmer.cli import main
 
     quieted = [logging.getLogger(), logging.getLogger("glimmer.protocol")]
     levels = [logger.level for logger in quieted]
 
-    def chat(args: list[str], lines: list[str] = ()) -> tuple[int, str, str]:
-        typed = iter([*lines, "/exit"])
-        monkeypatch.setattr("builtins.input", lambda prompt: next(typed))
+    def chat(args: list[str], lines: list[str] = (), *, piped: bool = False) -> tuple[int, str, str]:
+        monkeypatch.setattr("builtins.input", _typed([*lines] if piped else [*lines, "/exit"]))
+        monkeypatch.setattr(sys.stdin, "isatty", lambda: not piped)
         code = main(["chat", str(tiny_checkpoint), "--kv-cache-memory", "50MiB", "--no-color", *args])
         captured = capsys.readouterr()
         return code, captured.out, captured.err
@@ -1499,6 +1513,36 @@ def test_in_process_chat_errors_speak_of_no_server(chat_in_process):
     assert lines[1].startswith("error: This model's maximum context length is 200 tokens (max_model_len), but the "
                                "prompt has ")
     assert lines[1].endswith(" tokens; shorten the messages")
+
+
+def test_a_piped_chat_whose_messages_failed_exits_1_with_the_errors_on_stderr(chat_in_process):
+    """`echo ... | glimmer chat` exited 0 with its messages refused, and the errors among the replies on stdout: a
+    script could not tell. The other messages are still answered; the end of the pipe then exits 1."""
+    code, out, err = chat_in_process(["--max-model-len", "200", "--max-tokens", "4"], ["word " * 80, "Hello"],
+                                     piped=True)
+    assert code == 1 and "error:" not in out and out.endswith("[stopped at max_tokens]\n\n")  # Hello's answer
+    errors = err.strip().splitlines()[-2:]
+    assert errors[0].startswith("error: This model's maximum context length is 200 tokens")
+    assert errors[1] == "glimmer chat: 1 message failed (errors above)"
+
+
+def test_a_piped_chat_whose_messages_were_all_answered_exits_0(chat_in_process):
+    code, out, err = chat_in_process(["--max-tokens", "4"], ["Hello", "Hi"], piped=True)
+    assert code == 0 and "error:" not in out + err and "failed" not in err
+
+
+def test_a_piped_chat_with_a_url_exits_1_where_a_message_failed(capsys, monkeypatch, tiny_checkpoint):
+    """As in-process: the server refusing a message exits 1 after the rest, the error on stderr."""
+    from glimmer.cli import main
+
+    monkeypatch.setattr("builtins.input", _typed(["word " * 3000, "Hello"]))
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: False)
+    with live_server(tiny_checkpoint) as server:
+        assert main(["chat", "--url", server.url, "--max-tokens", "4"]) == 1
+    captured = capsys.readouterr()
+    assert "error:" not in captured.out
+    assert captured.err.startswith("error: the server answered HTTP 400: ")
+    assert captured.err.endswith("glimmer chat: 1 message failed (errors above)\n")
 
 
 def test_an_in_process_message_past_4_mib_is_refused_for_the_context_and_the_chat_goes_on(chat_in_process):
