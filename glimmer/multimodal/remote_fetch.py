@@ -15,7 +15,9 @@ MAX_PENDING_LOOKUPS lookups wait in the process at once: a flood of requests nam
 answers would otherwise pile up a thread per request; beyond them a fetch is refused at once (`LookupsBusyError`).
 A socket's timeout bounds one read, not the fetch: a server that trickles its
 status line, headers or chunk sizes a byte at a time never lets a read time out, so at the deadline
-every connection is shut down (`_GuardedBackend.cut`), which ends whatever read is waiting on it.
+every connection is shut down (`_GuardedBackend.cut`), which ends whatever read is waiting on it. A connection
+not yet made has nothing to cut: its handshake is waited on a CANCEL_CHECK_S at a time (`_GuardedBackend._connect`),
+so that a cancel ends it too.
 
 Every failure, from a refused address to a closed port, a 404 or a download over the size limit, reads the
 same to the client (`RemoteMediaError`), so that errors cannot map the network; the server log has the
@@ -25,9 +27,12 @@ reason.
 from __future__ import annotations
 
 import contextlib
+import errno
 import ipaddress
 import logging
+import os
 import re
+import selectors
 import socket
 import ssl
 import threading
@@ -36,6 +41,7 @@ from typing import NoReturn
 from urllib.parse import urljoin, urlsplit
 
 import httpcore
+from httpcore._backends.sync import SyncStream  # (httpcore's own stream of a socket; not exported)
 
 from glimmer.cancellation import CANCEL_CHECK_S, Cancelled, CancelToken
 from glimmer.multimodal.settings import MediaFetchPolicy
@@ -200,7 +206,7 @@ class _GuardedBackend(httpcore.SyncBackend):
         for address in addresses:  # connect to an address that was checked, never to the name again
             left = self.time_left("connecting")
             try:
-                stream = super().connect_tcp(address, port, min(timeout or left, left), local_address, socket_options)
+                stream = self._connect(address, port, min(timeout or left, left), local_address, socket_options)
             except (httpcore.ConnectError, httpcore.ConnectTimeout) as failure:
                 error = failure
                 continue
@@ -211,6 +217,41 @@ class _GuardedBackend(httpcore.SyncBackend):
                         self._connections[-1].shutdown(socket.SHUT_RDWR)
             return stream
         raise RemoteMediaError(f"cannot connect to {host!r} port {port}: {error!r}")
+
+    def _connect(self, address: str, port: int, timeout: float, local_address: str | None = None,
+                 socket_options=None) -> httpcore.NetworkStream:
+        """httpcore's connect_tcp to the IP `address`, its handshake waited on CANCEL_CHECK_S at a time so that a
+        cancel ends it at once: a blocking connect to an address that never answers (a firewall that drops it) held a
+        cancelled fetch until its time limit, since the watchdog cuts only connections made. Raises ConnectTimeout
+        after `timeout` seconds, ConnectError for a refused connection, Cancelled once the fetch is."""
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            if local_address is not None:
+                sock.bind((local_address, 0))
+            sock.setblocking(False)
+            end = time.monotonic() + timeout
+            code = sock.connect_ex((address, port))
+            with selectors.DefaultSelector() as selector:
+                selector.register(sock, selectors.EVENT_WRITE)  # writable (or failed) once the handshake ends
+                while code in (errno.EINPROGRESS, errno.EWOULDBLOCK, errno.EALREADY):
+                    left = end - time.monotonic()
+                    if left <= 0:
+                        raise httpcore.ConnectTimeout(f"no answer to connecting within {timeout:.3g} s")
+                    if self.cancel is not None:
+                        self.cancel.check()
+                    if selector.select(min(CANCEL_CHECK_S, left)):
+                        code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if code:
+                raise httpcore.ConnectError(f"[Errno {code}] {os.strerror(code)}")
+            sock.setblocking(True)
+            for option in socket_options or ():
+                sock.setsockopt(*option)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except BaseException:
+            sock.close()
+            raise
+        return SyncStream(sock)
 
 
 def fetch_remote(url: str, policy: MediaFetchPolicy, cancel: CancelToken | None = None) -> bytes:

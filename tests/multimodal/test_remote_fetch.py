@@ -48,7 +48,7 @@ def record_connections(monkeypatch) -> list[str]:
         connected.append(host)
         raise httpcore.ConnectError("no network in tests")
 
-    monkeypatch.setattr(httpcore.SyncBackend, "connect_tcp", record)
+    monkeypatch.setattr(_GuardedBackend, "_connect", record)
     return connected
 
 
@@ -107,7 +107,7 @@ def test_connections_to_many_silent_addresses_end_by_the_time_limit(monkeypatch)
         time.sleep(timeout)
         raise httpcore.ConnectTimeout("no answer")
 
-    monkeypatch.setattr(httpcore.SyncBackend, "connect_tcp", silent)
+    monkeypatch.setattr(_GuardedBackend, "_connect", silent)
     with pytest.raises(RemoteMediaError, match="no answer within 0.4 s"):
         fetch_remote("http://silent.example/cat.png", MediaFetchPolicy.create(allow_remote=True, timeout_s=0.4))
     assert given and sum(given) <= 0.4  # each address got what was left of the limit, however slow the machine
@@ -117,7 +117,7 @@ def test_a_name_with_any_private_address_is_refused(monkeypatch):
     monkeypatch.setattr(socket, "getaddrinfo", lambda host, port, **kwargs: [
         (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("93.184.216.34", port)),
         (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.0.0.7", port))])
-    monkeypatch.setattr(httpcore.SyncBackend, "connect_tcp", lambda *a, **k: pytest.fail("connected"))
+    monkeypatch.setattr(_GuardedBackend, "_connect", lambda *a, **k: pytest.fail("connected"))
     with pytest.raises(RemoteMediaError, match="non-public"):
         fetch_remote("http://mixed.example/x.png", MediaFetchPolicy.create(allow_remote=True))
 
@@ -205,6 +205,38 @@ def test_cancelling_a_fetch_ends_its_wait_on_a_server_that_does_not_answer():
     assert len(outcome) == 1 and isinstance(outcome[0], Cancelled), outcome
 
 
+def test_cancelling_a_fetch_ends_its_connect_to_an_address_that_never_answers(monkeypatch):
+    """The TCP handshake was one blocking connect: to an address whose firewall drops it (a blackhole) a cancelled
+    fetch went on connecting until its time limit, and the watchdog had no connection to cut yet. A listener whose
+    queue is full and that never accepts drops each handshake as such an address does."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    queued = [socket.create_connection(("127.0.0.1", port), timeout=5)]  # fills the queue (Linux holds one more)
+    probe = socket.socket()
+    probe.setblocking(False)
+    probe.connect_ex(("127.0.0.1", port))
+    queued.append(probe)
+    connecting = threading.Event()
+    time_left = _GuardedBackend.time_left
+
+    def noting_the_connect(self, doing):
+        left = time_left(self, doing)
+        if doing == "connecting":
+            connecting.set()
+        return left
+
+    monkeypatch.setattr(_GuardedBackend, "time_left", noting_the_connect)
+    try:  # (before the fix it waited the hour)
+        cancel_once_waiting(f"http://127.0.0.1:{port}/cat.gif",
+                            MediaFetchPolicy.create(allowed_domains=["127.0.0.1"], timeout_s=3600), connecting)
+    finally:
+        listener.close()  # the connects left answer a reset
+        for connection in queued:
+            connection.close()
+
+
 def test_cancelling_a_fetch_ends_its_wait_on_a_lookup_that_does_not_answer(monkeypatch):
     """The lookup of the host was waited on to the fetch's time limit whatever the cancel token said (the watchdog cuts
     connections, and there is none yet): a fetch of a host whose DNS did not answer kept its thread, and `glimmer
@@ -217,28 +249,33 @@ def test_cancelling_a_fetch_ends_its_wait_on_a_lookup_that_does_not_answer(monke
         return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.0.0.7", port))]
 
     monkeypatch.setattr(socket, "getaddrinfo", slow_lookup)
+    try:  # (before the fix it waited the hour)
+        cancel_once_waiting("http://slow.example/cat.gif", MediaFetchPolicy.create(allow_remote=True, timeout_s=3600),
+                            looking_up)
+    finally:
+        answer.set()
+        for thread in resolver_threads():
+            thread.join()
+
+
+def cancel_once_waiting(url: str, policy: MediaFetchPolicy, waiting: threading.Event) -> None:
+    """Fetch `url` on a thread, cancel it once `waiting` is set, and check that the fetch then ends, Cancelled."""
     cancel = CancelToken()
     outcome: list[BaseException] = []
 
     def fetch():
         try:
-            fetch_remote("http://slow.example/cat.gif", MediaFetchPolicy.create(allow_remote=True, timeout_s=3600),
-                         cancel)
+            fetch_remote(url, policy, cancel)
         except BaseException as error:
             outcome.append(error)
 
-    fetching = threading.Thread(target=fetch, daemon=True)  # (before the fix it waited the hour)
-    try:
-        fetching.start()
-        assert looking_up.wait(60)
-        cancel.cancel()
-        fetching.join(60)
-        assert not fetching.is_alive(), "the cancelled fetch still waits on the lookup"
-        assert len(outcome) == 1 and isinstance(outcome[0], Cancelled), outcome
-    finally:
-        answer.set()
-        for thread in resolver_threads():
-            thread.join()
+    fetching = threading.Thread(target=fetch, daemon=True)
+    fetching.start()
+    assert waiting.wait(60)
+    cancel.cancel()
+    fetching.join(60)
+    assert not fetching.is_alive(), "the cancelled fetch still waits"
+    assert len(outcome) == 1 and isinstance(outcome[0], Cancelled), outcome
 
 
 def resolver_threads() -> list[threading.Thread]:

@@ -12,7 +12,6 @@ import zlib
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import httpcore
 import httpx
 import numpy as np
 import pytest
@@ -200,14 +199,13 @@ def test_local_media_errors_do_not_tell_missing_from_forbidden(server, media_dir
                                  "http://[::ffff:127.0.0.1]:{port}/cat.png", "{server}/metrics"])
 def test_remote_media_never_reaches_loopback_link_local_or_private_addresses(server, url, monkeypatch):
     connected = []
-    connect = httpcore.SyncBackend.connect_tcp
+    connect = _GuardedBackend._connect
 
-    def recorded(self, host, *args, **kwargs):
-        if isinstance(self, _GuardedBackend):  # the server's media fetch (it runs in this process), not this client
-            connected.append(host)
+    def recorded(self, host, *args, **kwargs):  # the server's media fetch (it runs in this process)
+        connected.append(host)
         return connect(self, host, *args, **kwargs)
 
-    monkeypatch.setattr(httpcore.SyncBackend, "connect_tcp", recorded)
+    monkeypatch.setattr(_GuardedBackend, "_connect", recorded)
     with media_host() as port:
         response = post(server, image_request(url.format(port=port, server=server.url)))
     assert response.status_code == 400, response.text
