@@ -265,6 +265,12 @@ def media_from_part(part: Mapping[str, Any], where: str | None = None) -> tuple[
             raise RequestError(f"{field} must be one of {', '.join(map(repr, IMAGE_DETAILS))} (or left out), "
                                f"not {detail!r}; Glimmer sends every image at its full size whatever it says",
                                param=field if where else "messages")
+        asked = sorted(name for name, given in value.items() if name != "url" and given is not None)
+        if key == "video_url" and asked:  # `fps`, `max_frames`: other APIs sample by them, vLLM drops them silently
+            field = f"{where}.{key}.{asked[0]}" if where else f"{key}.{asked[0]}"
+            raise RequestError(f"{field}: a video_url object takes only its url (as vLLM's); a video's frames are "
+                               "sampled as the model's preprocessor config says whatever a part asks, so it would "
+                               "change nothing: leave it out", param=field if where else "messages")
         value = value["url"]
     elif key in (f"{kind}_url", "url") and isinstance(value, bool | int | float | list):
         # JSON a client sent (`{"image_url": [url]}`, 5, true), which no image is; Python objects go on

@@ -286,6 +286,23 @@ def test_every_image_detail_of_the_openai_sdk_is_accepted(detail):
     assert media_from_part(part, "messages[0].content[0]") == ("image", "/tmp/cat.png")
 
 
+@pytest.mark.parametrize("extra", [{"fps": 2}, {"detail": "low"}, {"max_frames": 8, "fps": 1.5}])
+def test_a_video_urls_field_beside_its_url_is_refused_naming_it(extra):
+    """`{"video_url": {"url": ..., "fps": 2}}` (the sampling rate other APIs take there) was read as the url alone: the
+    video sampled at the model's own rate, and no word that the fps asked for changed nothing."""
+    messages = [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": "/tmp/clip.mp4", **extra}}]}]
+    named = min(extra)
+    with pytest.raises(RequestError, match=rf"^messages\[0\]\.content\[0\]\.video_url\.{named}: a video_url object "
+                                           r"takes only its url") as err:
+        collect_media(messages)
+    assert err.value.param == f"messages[0].content[0].video_url.{named}"
+
+
+def test_a_video_urls_fields_given_as_null_are_taken_as_left_out():
+    part = {"type": "video", "video_url": {"url": "/tmp/clip.mp4", "fps": None}}
+    assert media_from_part(part, "messages[0].content[0]") == ("video", "/tmp/clip.mp4")
+
+
 @pytest.mark.parametrize("url", [5, [1], {"a": 1}], ids=["int", "list", "dict"])
 @pytest.mark.parametrize("kind", ["image", "video"])
 def test_an_image_or_video_url_that_is_not_a_string_names_the_field(kind, url):

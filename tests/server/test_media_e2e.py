@@ -114,6 +114,16 @@ def test_an_image_detail_openai_does_not_know_is_a_400_naming_it(client):
     assert e.value.body["param"] == "messages[0].content[0].image_url.detail"
 
 
+def test_a_video_url_fps_is_a_400_naming_it(client):
+    """vLLM reads a video_url's url alone; an `fps` beside it (the sampling rate other APIs take there) was dropped
+    without a word, the video sampled at the model's own rate."""
+    video = {"url": "data:video/mp4;base64,AAAA", "fps": 2}
+    messages = [{"role": "user", "content": [{"type": "video_url", "video_url": video}]}]
+    with pytest.raises(openai.BadRequestError, match=r"video_url\.fps: a video_url object takes only its url") as e:
+        client.chat.completions.create(model="tiny", messages=messages, max_tokens=2, extra_body=EXTRA)
+    assert e.value.body["param"] == "messages[0].content[0].video_url.fps"
+
+
 def test_too_many_images_is_a_400_naming_the_limit(client):
     url = _data_url(_png(5, size=(30, 30)))
     with pytest.raises(openai.BadRequestError, match="more than 2 images"):
