@@ -223,10 +223,13 @@ class _GuardedBackend(httpcore.SyncBackend):
         """httpcore's connect_tcp to the IP `address`, its handshake waited on CANCEL_CHECK_S at a time so that a
         cancel ends it at once: a blocking connect to an address that never answers (a firewall that drops it) held a
         cancelled fetch until its time limit, since the watchdog cuts only connections made. Raises ConnectTimeout
-        after `timeout` seconds, ConnectError for a refused connection, Cancelled once the fetch is."""
+        after `timeout` seconds, ConnectError for a refused connection or any other socket error (as httpcore's own
+        connect: an address family the host lacks, IPv6 on a kernel without it, moves on to the next address),
+        Cancelled once the fetch is."""
         family = socket.AF_INET6 if ":" in address else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock: socket.socket | None = None
         try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
             if local_address is not None:
                 sock.bind((local_address, 0))
             sock.setblocking(False)
@@ -248,8 +251,11 @@ class _GuardedBackend(httpcore.SyncBackend):
             for option in socket_options or ():
                 sock.setsockopt(*option)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except BaseException:
-            sock.close()
+        except BaseException as error:
+            if sock is not None:
+                sock.close()
+            if isinstance(error, OSError):
+                raise httpcore.ConnectError(str(error)) from None
             raise
         return SyncStream(sock)
 

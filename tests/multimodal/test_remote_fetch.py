@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpcore
 import pytest
@@ -235,6 +237,45 @@ def test_cancelling_a_fetch_ends_its_connect_to_an_address_that_never_answers(mo
         listener.close()  # the connects left answer a reset
         for connection in queued:
             connection.close()
+
+
+def test_an_address_family_the_kernel_lacks_moves_on_to_the_next_address(monkeypatch):
+    """A dual-stack name resolves to its IPv6 address first; on a kernel without IPv6 the socket itself cannot be
+    made (EAFNOSUPPORT). httpcore's connect reads that as a failed connection and tries the next address; the
+    cancellable connect let the OSError out of the loop, and every such fetch failed where IPv4 would answer."""
+
+    class Ok(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Ok)
+    port = server.server_address[1]
+    serving = threading.Thread(target=server.serve_forever, daemon=True)
+    serving.start()
+    monkeypatch.setattr(socket, "getaddrinfo", lambda host, port, **kwargs: [
+        (socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("::1", port, 0, 0)),
+        (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))])
+    real_socket = socket.socket
+
+    def no_ipv6(family=socket.AF_INET, *args, **kwargs):
+        if family == socket.AF_INET6:
+            raise OSError(errno.EAFNOSUPPORT, "Address family not supported by protocol")
+        return real_socket(family, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "socket", no_ipv6)
+    try:
+        body = fetch_remote(f"http://dual.test:{port}/cat.gif",
+                            MediaFetchPolicy.create(allowed_domains=["dual.test"], timeout_s=30.0))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert body == b"ok"
 
 
 def test_cancelling_a_fetch_ends_its_wait_on_a_lookup_that_does_not_answer(monkeypatch):
