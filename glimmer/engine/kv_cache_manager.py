@@ -15,7 +15,8 @@ blocks for the full group, and the last W positions for the sliding group.
 
 With speculative decoding a third group, in a pool of its own, holds the DFlash drafter's context keys and
 values, one entry per committed position like the target's; its queries see keys up to `draft_window` positions
-back (None: all).
+back (None: all). A hit needs the drafter's blocks only from the window before the sequence's last token, where its
+first proposal reads: the drafter writes the positions after the hit again from the target's hidden states.
 """
 
 from __future__ import annotations
@@ -327,13 +328,12 @@ class KVCacheManager:
     def _first_cached_block(self, seq: Sequence, group: str, hit_blocks: int) -> int:
         """The first of a prefix hit's `hit_blocks` blocks that `group` must find cached. A layer of the model reads
         the window before each position it computes, so the model's groups need the one before the hit. The drafter's
-        keys and values of a position are its target hidden states' projections, which the target's forward over the
-        rest of the prompt writes again: its blocks are read only by its proposals, whose first anchor is the
-        sequence's last token, so it needs only the window before that (none at all where the rest is longer than
-        its window). Asking it for the window before the hit made a windowed drafter, which keeps little history,
-        lose every hit it had let go of: a prompt sharing 192 cached tokens recomputed all of them."""
+        keys and values of a position are a projection of the target's hidden states there, which the drafter writes
+        from the target's forward over the rest of the prompt; its blocks are read only by its proposals, whose first
+        anchor is the sequence's last token, so it needs only the window before that, whatever `hit_blocks` is (none
+        at all where the rest of the prompt is longer than its window)."""
         if group == DRAFT:
-            return max(self.first_needed_block(group, seq.num_tokens - 1), 0)
+            return self.first_needed_block(group, seq.num_tokens - 1)
         return self.first_needed_block(group, hit_blocks * self.block_size)
 
     def record_prefix_lookup(self, seq: Sequence, cached_tokens: int) -> None:

@@ -265,8 +265,9 @@ def media_from_part(part: Mapping[str, Any], where: str | None = None) -> tuple[
             raise RequestError(f"{field} must be one of {', '.join(map(repr, IMAGE_DETAILS))} (or left out), "
                                f"not {detail!r}; Glimmer sends every image at its full size whatever it says",
                                param=field if where else "messages")
-        asked = sorted(name for name, given in value.items() if name != "url" and given is not None)
-        if key == "video_url" and asked:  # `fps`, `max_frames`: other APIs sample by them, vLLM drops them silently
+        # `fps`, `max_frames`: other APIs sample by them, vLLM drops them silently
+        asked = sorted(name for name, field_value in value.items() if name != "url" and field_value is not None)
+        if key == "video_url" and asked:
             field = f"{where}.{key}.{asked[0]}" if where else f"{key}.{asked[0]}"
             raise RequestError(f"{field}: a video_url object takes only its url (as vLLM's); a video's frames are "
                                "sampled as the model's preprocessor config says whatever a part asks, so it would "

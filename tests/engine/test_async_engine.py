@@ -221,7 +221,6 @@ def test_a_caller_that_leaves_while_its_request_waits_to_be_added_is_counted_as_
         engine.shutdown()
 
 
-
 _STRESS_SHAPE = {"max_model_len": 128, "block_size": 4}
 
 

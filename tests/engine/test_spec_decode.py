@@ -293,8 +293,8 @@ def test_a_windowed_drafter_that_let_a_prefix_go_still_finds_the_models_hit(targ
         runs.append((first.token_ids, second.token_ids, second.num_cached_tokens, recorded))
         assert all(used == 0 for used, _ in llm.engine.kv.usage().values())
     (first, second, cached, drafts), (first_plain, second_plain, _, drafts_plain) = runs
-    window, block = DRAFTER.sliding_window, llm.engine.kv.block_size
-    assert cached == (len(shared) + 3 - window) // block * block > 0  # the drafter's window before the last token
+    window, block, last = DRAFTER.sliding_window, llm.engine.kv.block_size, len(shared) + 3 - 1
+    assert cached == (last - window + 1) // block * block > 0  # up to the drafter's window before the last token
     assert (first, second) == (first_plain, second_plain)
     assert drafts == drafts_plain
 
