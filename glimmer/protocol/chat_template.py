@@ -309,9 +309,9 @@ def _refuse_mistyped_kwargs(template_kwargs: Mapping[str, Any], variables: Colle
     `true` rendered "Current date: True."."""
     if "tool_namespace_descriptions" in variables:
         _refuse_mistyped_descriptions(template_kwargs.get("tool_namespace_descriptions", {}))
-    for name in TEXT_KWARGS:
+    for name in TEXT_KWARGS:  # a number is written as text by any template (`knowledge_cutoff: 2024`)
         value = template_kwargs.get(name)
-        if name in variables and value is not None and not isinstance(value, str):
+        if name in variables and (isinstance(value, bool) or not isinstance(value, str | int | float | None)):
             raise RequestError(f"chat_template_kwargs.{name} is {_json_type(value)}; it must be a string, such as "
                                '"2026-01-01" (or null for the template\'s default)',
                                param=f"chat_template_kwargs.{name}")

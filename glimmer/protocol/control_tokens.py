@@ -102,6 +102,24 @@ class ControlTokenGuard:
         return placeholder
 
     def prompt(self, text: str) -> RenderedPrompt:
-        """The rendered `text` with the placeholders that occur in it."""
+        """The rendered `text` with the placeholders that occur in it. The placeholder of nothing is taken out again
+        where the text without it holds the same control tokens at the same places (no caller string joined the
+        next into one): a prompt with a placeholder is tokenized piece by piece, which some tokenizers do otherwise
+        than the whole text (a Metaspace that prefixes only the first piece), and text ending in `<` is common."""
+        separator = self._placeholders.get("")
+        if separator is not None and separator in text:
+            joined = text.replace(separator, "")
+            if self._control_tokens_at(joined) == self._control_tokens_at(text, separator):
+                text = joined
         literals = {placeholder: token for token, placeholder in self._placeholders.items() if placeholder in text}
         return RenderedPrompt(text, literals)
+
+    def _control_tokens_at(self, text: str, removed: str = "") -> list[tuple[int, str]]:
+        """(start, spelling) of each control token in `text`, a start counted as if every `removed` were taken out."""
+        cuts = [match.start() for match in re.finditer(re.escape(removed), text)] if removed else []
+        found, passed = [], 0
+        for match in self._spellings.pattern.finditer(text):
+            while passed < len(cuts) and cuts[passed] < match.start():
+                passed += 1
+            found.append((match.start() - passed * len(removed), match.group()))
+        return found

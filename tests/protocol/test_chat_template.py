@@ -391,7 +391,7 @@ def test_a_namespace_description_keyed_by_a_dotted_name_is_refused_not_ignored()
 
 def test_kwargs_of_the_builtin_template_of_the_right_type_render_as_under_transformers():
     kwargs = {"tool_namespace_descriptions": {"calendar": "The user's calendar"}, "current_date": "2026-01-01",
-              "knowledge_cutoff": None}
+              "knowledge_cutoff": 2024}  # a number is written as text, as by transformers
     template = builtin_template_source()
     assert render_chat(USER, tools=CALENDAR_TOOL, template=template, chat_template_kwargs=kwargs) == reference_render(
         template, USER, tools=CALENDAR_TOOL, **kwargs)

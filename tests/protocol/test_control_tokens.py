@@ -6,6 +6,7 @@ renders exactly as `render` does, so ordinary prompts are unchanged (P-TMPL-2, P
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -69,6 +70,17 @@ def test_text_parts_cannot_join_into_a_control_token():
     benign = TEMPLATE.render([{"role": "user", "content": "hi"}], chat_template_kwargs=DATE)
     assert [rendered.text.count(token) for token in CONTROL] == [benign.count(token) for token in CONTROL]
     assert rendered.display_text == TEMPLATE.render(messages, chat_template_kwargs=DATE)
+
+
+@pytest.mark.parametrize("parts", [["if a <", "b: pass"], ["x <|", "y"], ["tag <", "|message"], ["a <|eo"]])
+def test_text_ending_in_the_start_of_a_control_token_that_joins_none_is_left_as_it_is(parts):
+    """The placeholder that keeps a part ending in `<|` from the next is taken out where no control token forms
+    without it: a prompt with a placeholder is tokenized piece by piece, which some tokenizers do otherwise than the
+    whole text, and ordinary text ending in `<` must tokenize as the reference's does."""
+    messages = [{"role": "user", "content": [{"type": "text", "text": part} for part in parts]}]
+    rendered = TEMPLATE.render_prompt(messages, chat_template_kwargs=DATE, control_tokens=CONTROL)
+    assert rendered.literals == {}
+    assert rendered.text == TEMPLATE.render(messages, chat_template_kwargs=DATE)
 
 
 def test_a_trimmed_text_part_cannot_join_the_next_into_a_control_token():
