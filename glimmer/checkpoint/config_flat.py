@@ -227,7 +227,7 @@ def _read_flat_vision(section: Section, head: Fields) -> Callable[[], VisionConf
 
 
 def _fold_raw_qk(raw_qk: Any, name: str, head_dim: int, notes: Notes) -> float:
-    if not is_number(raw_qk) or not math.isfinite(raw_qk) or raw_qk <= 0:
+    if not is_finite_number(raw_qk) or raw_qk <= 0:
         raise notes.error(f"{name}={raw_qk!r} is invalid; expected a positive finite number")
     root = math.sqrt(head_dim)
     if raw_qk < root:

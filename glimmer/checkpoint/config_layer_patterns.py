@@ -6,12 +6,11 @@ vendor and flat schemas write (NoPE every k-th layer, vision full attention ever
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from glimmer.checkpoint.config import reference_rope_layers
-from glimmer.checkpoint.config_fields import MISSING, Notes, Section, is_int, is_number, positive_int
+from glimmer.checkpoint.config_fields import MISSING, Notes, Section, is_finite_number, is_int, positive_int
 
 NOPE_PERIOD = 4  # the released period of both: NoPE every 4th text layer, full attention every 4th vision layer
 
@@ -58,7 +57,7 @@ def resolve_nope(
 
 def _rope_from_layer_theta(value: Any, name: str, n: int, theta: Any, notes: Notes) -> tuple[bool, ...]:
     _check_per_layer_list(value, name, n, notes)
-    bad = [v for v in value if not is_number(v) or not math.isfinite(v) or v < 0]
+    bad = [v for v in value if not is_finite_number(v) or v < 0]
     if bad:
         raise notes.error(f"{name} contains {bad}; each entry must be 0 (NoPE) or a positive rope theta")
     if any(v != 0 and v != theta for v in value):

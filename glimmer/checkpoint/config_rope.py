@@ -11,11 +11,10 @@ the reference's forward, so it is refused there.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from glimmer.checkpoint.config import RopeScaling
-from glimmer.checkpoint.config_fields import MISSING, Notes, Section, is_int, is_number
+from glimmer.checkpoint.config_fields import MISSING, Notes, Section, is_finite_number, is_int
 
 # rope_type → (required keys, optional keys), beside rope_type and rope_theta
 _KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -89,10 +88,10 @@ def _checked(key: str, value: Any, name: str, notes: Notes) -> Any:
             raise notes.error(f"{name}={value!r} is invalid; expected a positive integer")
         return value
     if key in ("short_factor", "long_factor"):
-        if not isinstance(value, list) or not value or not all(_finite(v) and v > 0 for v in value):
+        if not isinstance(value, list) or not value or not all(is_finite_number(v) and v > 0 for v in value):
             raise notes.error(f"{name} must be a non-empty list of positive numbers, got {value!r}")
         return tuple(float(v) for v in value)
-    if not _finite(value):
+    if not is_finite_number(value):
         raise notes.error(f"{name}={value!r} is invalid; expected a finite number")
     if key in ("factor", "partial_rotary_factor") and value <= 0:
         raise notes.error(f"{name}={value!r} is invalid; expected a positive number")
@@ -101,5 +100,3 @@ def _checked(key: str, value: Any, name: str, notes: Notes) -> Any:
     return float(value)
 
 
-def _finite(value: Any) -> bool:
-    return is_number(value) and math.isfinite(value)
