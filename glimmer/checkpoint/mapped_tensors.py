@@ -61,12 +61,18 @@ class MappedTensors:
         return entry.trace() if entry.trace is not None else None
 
 
+def non_finite_counts(values: torch.Tensor) -> str:
+    """How many of `values` are not finite, in the words every refusal of a damaged tensor uses: "N NaN and M
+    infinite value(s) among K"."""
+    return (f"{int(torch.isnan(values).sum())} NaN and {int(torch.isinf(values).sum())} infinite value(s) among "
+            f"{values.numel()}")
+
+
 def non_finite_part(files: SafetensorsCheckpoint, names: Sequence[str]) -> str | None:
     """The first of the stored tensors `names` (a quantized weight's scales) that holds a NaN or an infinity, as
     "'M.weight_scale' (in FILE), which holds 1 NaN and 0 infinite value(s) among 512"; None if all are finite."""
     for name in names:
         values = files.read(name).float()
         if not bool(torch.isfinite(values).all()):
-            return (f"{name!r} (in {files.tensors[name].file}), which holds {int(torch.isnan(values).sum())} NaN and "
-                    f"{int(torch.isinf(values).sum())} infinite value(s) among {values.numel()}")
+            return f"{name!r} (in {files.tensors[name].file}), which holds {non_finite_counts(values)}"
     return None

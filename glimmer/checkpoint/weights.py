@@ -17,7 +17,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from glimmer.checkpoint.config import DrafterConfig, ModelConfig
-from glimmer.checkpoint.mapped_tensors import MappedTensors
+from glimmer.checkpoint.mapped_tensors import MappedTensors, non_finite_counts
 from glimmer.checkpoint.safetensors_files import SafetensorsCheckpoint
 from glimmer.checkpoint.weight_layouts import (
     SourceSlice,
@@ -227,8 +227,8 @@ def _non_finite_error(targets: list[str], params: dict[str, torch.Tensor], plan:
     part = files.trace_non_finite(source) if isinstance(files, MappedTensors) else None
     computed = f", computed from {part}" if part is not None else ""
     return CheckpointError(
-        f"{where} holds {int(torch.isnan(stored).sum())} NaN and {int(torch.isinf(stored).sum())} infinite "
-        f"value(s) among {stored.numel()}{others}{computed}; the checkpoint is damaged: download or convert it again")
+        f"{where} holds {non_finite_counts(stored)}{others}{computed}; the checkpoint is damaged: download or convert "
+        "it again")
 
 
 def _numel(shape: tuple[int, ...]) -> int:
