@@ -21,7 +21,6 @@ from typing import Any
 from glimmer.checkpoint.gguf_file import CONVERT_AGAIN, GGUF_ADVICE, GGUFFile
 from glimmer.checkpoint.gguf_model import refuse_rope_scaling, refuse_too_many_layers
 from glimmer.checkpoint.mapped_tensors import MappedTensor, MappedTensors
-from glimmer.checkpoint.safetensors_files import TensorInfo
 
 ARCH = "dflash"
 _GLOBAL = {"output_norm.weight": "norm.weight", "fc.weight": "encoder.fc.weight",
@@ -125,8 +124,7 @@ def read_gguf_drafter(path: str | Path) -> tuple[dict[str, Any], MappedTensors]:
     file.refuse_mismatch(found, dataclasses.replace(GGUF_ADVICE, extra_fix=(
         "a DFlash drafter borrows the target's embedding and LM head and holds no others: load the drafter GGUF "
         f"published for the model, or {CONVERT_AGAIN}")))
-    entries = {canonical: MappedTensor(TensorInfo(canonical, shapes[canonical], "F32", file.part_of(stored),
-                                                  stored_name=stored),
+    entries = {canonical: MappedTensor(file.tensor_info(canonical, shapes[canonical], stored),
                                        lambda stored=stored: file.read(stored))
                for stored, canonical in sources.items()}
     return config, MappedTensors(file.path, entries, file.total_bytes)

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from glimmer.checkpoint.broken_links import broken_link_problem, is_broken_link, lfs_pointer_problem
+from glimmer.checkpoint.safetensors_files import TensorInfo
 from glimmer.checkpoint.weight_mismatch import MismatchAdvice, WeightMismatch
 from glimmer.errors import CheckpointError
 
@@ -507,9 +508,10 @@ class GGUFFile:
         if key not in self.metadata:
             raise self.error(f"required metadata key {key} is missing")
 
-    def part_of(self, name: str) -> Path:
-        """The file that holds tensor `name`: its own part of a split GGUF (the first part's metadata is no guide)."""
-        return self.parts[self._part_of.get(name, 0)]
+    def tensor_info(self, canonical: str, shape: tuple[int, ...], stored: str) -> TensorInfo:
+        """What a reader of stored tensor `stored` gives as `canonical` (float32, `read` widens or dequantizes), named
+        in the file that holds it: its own part of a split GGUF (the first part's metadata is no guide)."""
+        return TensorInfo(canonical, shape, "F32", self.parts[self._part_of.get(stored, 0)], stored_name=stored)
 
     def read(self, name: str) -> torch.Tensor:
         """Tensor `name` as float32 (F16/BF16 widened exactly, quantized types dequantized), torch order."""

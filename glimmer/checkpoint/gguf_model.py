@@ -45,7 +45,6 @@ from glimmer.checkpoint.config import (
 from glimmer.checkpoint.config_common_fields import NEVER_FEATURES
 from glimmer.checkpoint.gguf_file import CONVERT_AGAIN, GGUFFile
 from glimmer.checkpoint.mapped_tensors import MappedTensor, MappedTensors
-from glimmer.checkpoint.safetensors_files import TensorInfo
 from glimmer.checkpoint.weight_layouts import interleaved_to_rotate_half
 from glimmer.errors import ConfigError
 
@@ -426,7 +425,7 @@ def _text_tensors(file: GGUFFile, text: TextConfig) -> tuple[dict[str, MappedTen
     entries = {
         # F16/BF16 are widened exactly and quantized types dequantized: the reader always returns float32
         rule.target: MappedTensor(
-            TensorInfo(rule.target, rule.shape(text), "F32", file.part_of(rule.source), stored_name=rule.source),
+            file.tensor_info(rule.target, rule.shape(text), rule.source),
             _reader(file, rule.source, rule.unfold, getattr(text, rule.rope_heads) if rule.rope_heads else None),
         )
         for rule in rules

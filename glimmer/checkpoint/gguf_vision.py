@@ -32,7 +32,6 @@ import torch
 from glimmer.checkpoint.config import TextConfig, VisionConfig, reference_vision_layer_types
 from glimmer.checkpoint.gguf_file import GGUFFile
 from glimmer.checkpoint.mapped_tensors import MappedTensor
-from glimmer.checkpoint.safetensors_files import TensorInfo
 from glimmer.checkpoint.weight_layouts import interleaved_to_rotate_half
 from glimmer.errors import ConfigError
 
@@ -195,8 +194,7 @@ def _vision_tensors(
                  (v,) if bias else (v, inner), None),
             ]
     file.refuse_mismatch(file.tensor_mismatch({source: stored_shape for _, source, _, stored_shape, _ in table}))
-    entries = {target: MappedTensor(TensorInfo(target, canonical_shape, "F32", file.part_of(source),
-                                               stored_name=source), _reader(file, source, transform))
+    entries = {target: MappedTensor(file.tensor_info(target, canonical_shape, source), _reader(file, source, transform))
                for target, source, canonical_shape, _, transform in table}
     return entries
 
