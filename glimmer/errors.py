@@ -130,6 +130,26 @@ class PromptTextTooLongError(ContextLengthError):
         return PromptTextTooLongError(self.max_model_len, self.prompt_chars, self.max_prompt_chars, parts)
 
 
+class ForcedCallContextError(ContextLengthError):
+    """A prompt that fits the context but leaves less of it than the fewest tokens (`fewest`) of any reply holding the
+    call a required or named `tool_choice` asks for (`what`): the reply would run to the end of the context without
+    it. Named `messages` (`input` on /v1/responses); its `parts` are not measured."""
+
+    def __init__(self, max_model_len: int, prompt_tokens: int, what: str, fewest: int):
+        self.max_model_len, self.prompt_tokens, self.max_tokens, self.parts = max_model_len, prompt_tokens, None, []
+        self.what, self.fewest = what, fewest
+        room = max_model_len - prompt_tokens
+        RequestError.__init__(self, f"This model's maximum context length is {max_model_len} tokens (max_model_len), "
+                              f"but the prompt has {prompt_tokens} tokens, which leaves {room} for the reply, and "
+                              f"tool_choice asks for {what}: the shortest takes {fewest} tokens (its header and ATEM "
+                              f"tags, values empty); shorten the conversation to at most {max_model_len - fewest} "
+                              "prompt tokens, fewer for the reasoning and the values", param="messages")
+
+    def naming(self, parts: Sequence[PromptPart]) -> "ForcedCallContextError":
+        """This refusal (it names no parts)."""
+        return self
+
+
 def _largest_parts(parts: Sequence[PromptPart], total: int) -> list[PromptPart]:
     """`parts` that made a prompt of `total` long, largest first: a part of less than a twentieth of it did not."""
     return sorted((part for part in parts if part.size > 0 and part.size * 20 >= total),

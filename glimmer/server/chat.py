@@ -30,7 +30,7 @@ from glimmer.engine.detokenizer import IncrementalDetokenizer
 from glimmer.engine.outputs import StepDelta
 from glimmer.engine.sampler import TokenLogprobs
 from glimmer.engine.sampling_params import SamplingParams
-from glimmer.errors import ContextLengthError, RequestError
+from glimmer.errors import ContextLengthError, ForcedCallContextError, RequestError
 from glimmer.protocol import ParsedOutput, assistant_message, stream_delta_objects
 from glimmer.protocol.deltas import Delta, Event
 from glimmer.protocol.headers import channel_of_recipient
@@ -222,19 +222,13 @@ def _check_room_for_the_forced_call(request: ChatCompletionRequest, forced: tupl
 
 def _check_context_holds_the_forced_call(prompt: ChatPrompt, forced: tuple[str, int] | None,
                                          max_model_len: int) -> None:
-    """RequestError (`context_length_exceeded`) when the prompt fits the context but leaves less of it than the fewest
-    tokens of any reply holding the call a required or named `tool_choice` asks for (`_forced_call`): without a token
-    limit, the reply would run to the end of the context without the call, a 500 once generated (P-REQ-4), which
-    clients retry; with one, the context-length refusal said to lower it below what the call takes."""
+    """ForcedCallContextError when the prompt fits the context but leaves less of it than the fewest tokens of any
+    reply holding the call a required or named `tool_choice` asks for (`_forced_call`): without a token limit, the
+    reply would run to the end of the context without the call, a 500 once generated (P-REQ-4)."""
     room = max_model_len - len(prompt.token_ids)
     if forced is None or room < 1 or room >= forced[1]:  # a prompt the context cannot hold: the engine's refusal
         return
-    what, fewest = forced
-    raise RequestError(f"This model's maximum context length is {max_model_len} tokens (max_model_len), but the prompt "
-                       f"has {len(prompt.token_ids)} tokens, which leaves {room} for the reply, and tool_choice asks "
-                       f"for {what}: the shortest takes {fewest} tokens (its header and ATEM tags, values empty); "
-                       f"shorten the conversation to at most {max_model_len - fewest} prompt tokens, fewer for the "
-                       "reasoning and the values", param="messages", code="context_length_exceeded")
+    raise ForcedCallContextError(max_model_len, len(prompt.token_ids), *forced)
 
 
 @contextlib.contextmanager
