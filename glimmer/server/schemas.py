@@ -460,13 +460,14 @@ def request_error(error: ValidationError, hints: dict[str, str] = _UNION_FIELD_H
     """The RequestError naming the first field of a pydantic validation error (HTTP 400); `hints`: what a field
     (by its dotted path) whose value matches none of its union's shapes must be; `fields`: the body's top-level
     fields, one of which an unknown top-level field may have meant."""
-    first = error.errors(include_url=False)[0]
+    errors = error.errors(include_url=False)
+    first = errors[0]
     loc = first["loc"]
     if first["type"] == "json_invalid":
         return RequestError(f"the request body is not valid JSON: {first['msg']}", param=None)
     if not loc:
         return RequestError("the request body must be a JSON object", param=None)
-    wrong_endpoint = _posted_to_another_endpoint(error.errors(include_url=False))
+    wrong_endpoint = _posted_to_another_endpoint(errors)
     if wrong_endpoint is not None:
         return wrong_endpoint
     param = _field_path(loc)
