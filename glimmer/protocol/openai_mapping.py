@@ -111,7 +111,7 @@ class ContentTokens(Generic[T]):
 
     A token counts when its text overlaps `OutputParser.content_spans` (`token_overlaps`), so a token that is part
     framing, part answer counts, and so do the tokens of a stop string that ended the answer (their text reached
-    the parser as content before the stop string was matched), as in vLLM.
+    the parser as content before the stop string was matched), as in vLLM, up to the one it ends in (`cut_after`).
     """
 
     def __init__(self, parser: OutputParser):
@@ -122,6 +122,19 @@ class ContentTokens(Generic[T]):
     def add(self, token_span: tuple[int, int], item: T) -> None:
         """A generated token: its text's (start, end) offsets in the text fed to the parser, and what to list for it."""
         self._pending.append((token_span, item))
+
+    def cut_after(self, characters: int) -> None:
+        """The server ends the answer after its first `characters` characters (where a stop string that ended it ends):
+        a token not yet decided whose text starts past them, text the parser held back and released with the stop
+        string's, is no answer token (vLLM stops at the token that ends the stop string)."""
+        offset = None
+        for start, end in self._parser.content_spans:  # the answer's characters, in the text fed to the parser
+            if characters <= end - start:
+                offset = start + characters
+                break
+            characters -= end - start
+        while offset is not None and self._pending and self._pending[-1][0][0] >= offset:
+            self._pending.pop()
 
     def decided(self, *, final: bool = False) -> list[T]:
         """The items of the tokens whose text the parser decided since the last call (every token left, when

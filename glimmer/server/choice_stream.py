@@ -114,6 +114,7 @@ class ChoiceStream:
         self._content_tokens: ContentTokens[TokenLogprobs] = ContentTokens(self.parser)
         self._stops = StopStringMatcher(stop, include_stop) if stop else None
         self._stop_matched = False
+        self._answer_released = 0  # characters of the answer the stop strings released
         self._single_call = single_call
         self._has_calls = False
         self._token_spans: list[tuple[int, int]] = []
@@ -188,9 +189,14 @@ class ChoiceStream:
                 released, stop = self._stops.feed(payload, armed=self.num_tokens > self._min_tokens)
                 if released:
                     routed.append(("content", released))
+                self._answer_released += len(released)
                 if stop is not None:
                     self._stop_matched = True
                     self.stop_reason = stop
+                    # the text the parser released with the stop string's (held back as a possible header) and
+                    # the tokens that wrote it come after the answer's end
+                    self._content_tokens.cut_after(
+                        self._answer_released + (0 if self._stops.include_in_output else len(stop)))
                     break
                 continue
             self._release_held_content(routed)
@@ -204,6 +210,7 @@ class ChoiceStream:
     def _release_held_content(self, routed: list[Event]) -> None:
         if self._stops is not None:
             held = self._stops.flush()
+            self._answer_released += len(held)
             if held:
                 routed.append(("content", held))
 
@@ -213,5 +220,7 @@ class ChoiceStream:
             tail = self._route(self.parser.finish().events)
             if not self._stop_matched:
                 self._release_held_content(tail)
-        self.finish_reason = finish_reason(has_tool_calls=self._has_calls, length_limited=engine_reason == "length")
+        # a stop string in the text the parser released at the end (held back as a possible header) ended the answer
+        length_limited = engine_reason == "length" and not self._stop_matched
+        self.finish_reason = finish_reason(has_tool_calls=self._has_calls, length_limited=length_limited)
         return tail

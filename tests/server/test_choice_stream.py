@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from glimmer.engine.outputs import StepDelta
 from glimmer.engine.sampler import TokenLogprobs
 from glimmer.server.choice_stream import ChoiceStream
@@ -57,3 +59,33 @@ def test_a_coalesced_delta_releases_each_tokens_logprobs_with_the_text_it_decide
               [entry.token_id for entry in step.logprobs]) for step in released]
     assert steps == [("", []), ("Hi", [101]), (" there", [102]), ("!", [103])]
     assert [entry.token_id for entry in choice.new_content_logprobs] == [101, 102, 103]
+
+
+def _fed_one_token_a_step(choice: ChoiceStream, pieces: list[str], finish_reason: str = "length") -> None:
+    for i, text in enumerate(pieces):
+        last = i == len(pieces) - 1
+        choice.feed(StepDelta("r", 0, [100 + i], text, logprobs=[TokenLogprobs(100 + i, -0.1, {})],
+                              finish_reason=finish_reason if last else None))
+        if choice.done:
+            return
+
+
+@pytest.mark.parametrize("include_stop", [False, True])
+def test_tokens_after_a_stop_string_in_text_the_parser_held_back_have_no_answer_logprob(include_stop):
+    """Audit: ' to' may start a headerless switch (P-HDR-7), so the parser holds it and releases it with ' the'; the
+    stop string 'to' ends in ' to', yet ' the' was listed in `logprobs.content` after an answer of 'Go '. As in vLLM,
+    the answer's tokens end with the one that ends the stop string."""
+    choice = ChoiceStream(0, None, stop=["to"], single_call=False, include_stop=include_stop)
+    _fed_one_token_a_step(choice, [" to=user<|message|>", "Go", " to", " the", " end"])
+    assert choice.finish_reason == "stop" and choice.stop_reason == "to"
+    assert [entry.token_id for entry in choice.content_logprobs] == [101, 102]
+
+
+def test_a_stop_string_in_an_unframed_reply_released_at_its_end_ends_it_with_stop():
+    """Audit: a reply without a header is held until the parser knows it is no header (P-HDR-3), here the engine's
+    end at max_tokens; the stop string found then cut the answer to 'Go to the ' but the choice said `length`, with
+    the logprobs of every token."""
+    choice = ChoiceStream(0, None, stop=["end"], single_call=False)
+    _fed_one_token_a_step(choice, ["Go", " to", " the", " end", " now", "."])
+    assert choice.finish_reason == "stop" and choice.stop_reason == "end"
+    assert [entry.token_id for entry in choice.content_logprobs] == [100, 101, 102, 103]
