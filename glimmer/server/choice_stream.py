@@ -93,7 +93,7 @@ class ChoiceStream:
                  single_call: bool, include_stop: bool = False, hidden_tokens: Collection[int] = (),
                  min_tokens: int = 0, verbatim_content: bool = False, continue_recipient: str | None = None,
                  continue_prefix: str = "", mark_messages: bool = False):
-        """min_tokens: stop strings are looked for in the answer once more than that many tokens were generated;
+        """min_tokens: a stop string counts only where it ends in the text of a token after the min_tokens-th;
         verbatim_content: the answer is grammar-constrained, its text goes to content as written; continue_recipient:
         the prompt ends inside a message to this recipient, which the reply continues, and continue_prefix is that
         message's body in the prompt; mark_messages: a `("message", channel)` event starts each reasoning or content
@@ -115,6 +115,7 @@ class ChoiceStream:
         self._stops = StopStringMatcher(stop, include_stop) if stop else None
         self._stop_matched = False
         self._answer_released = 0  # characters of the answer the stop strings released
+        self._answer_fed = 0  # characters of the answer fed to the stop strings
         self._single_call = single_call
         self._has_calls = False
         self._token_spans: list[tuple[int, int]] = []
@@ -186,7 +187,7 @@ class ChoiceStream:
         routed: list[Event] = []
         for kind, payload in events:
             if kind == "content" and self._stops is not None:
-                released, stop = self._stops.feed(payload, armed=self.num_tokens > self._min_tokens)
+                released, stop = self._match_stops(payload)
                 if released:
                     routed.append(("content", released))
                 self._answer_released += len(released)
@@ -206,6 +207,34 @@ class ChoiceStream:
                 self._has_calls = True
             routed.append((kind, payload))
         return routed
+
+    def _match_stops(self, answer: str) -> tuple[str, str | None]:
+        """The stop strings' `feed` of the answer's next text, armed from its first character past the min_tokens-th
+        token's text: text the parser held back (a possible header) comes out with later tokens', and a stop string
+        that ends in an earlier token's counts no more than it would have without the wait, as in vLLM."""
+        armed_from = self._armed_from()
+        unarmed = len(answer) if armed_from is None else min(len(answer), max(0, armed_from - self._answer_fed))
+        self._answer_fed += len(answer)
+        released, stop = self._stops.feed(answer[:unarmed], armed=False) if unarmed else ("", None)
+        if unarmed < len(answer):
+            more, stop = self._stops.feed(answer[unarmed:])
+            released += more
+        return released, stop
+
+    def _armed_from(self) -> int | None:
+        """How many of the answer's characters come before the end of the min_tokens-th token's text (None while no
+        more tokens were generated)."""
+        if self.num_tokens <= self._min_tokens:
+            return None
+        if not self._min_tokens:
+            return 0
+        offset = self._token_spans[self._min_tokens - 1][1]  # in the text fed to the parser
+        before = 0
+        for start, end in self.parser.content_spans:
+            if start >= offset:
+                break
+            before += min(end, offset) - start
+        return before
 
     def _release_held_content(self, routed: list[Event]) -> None:
         if self._stops is not None:

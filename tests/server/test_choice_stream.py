@@ -89,3 +89,24 @@ def test_a_stop_string_in_an_unframed_reply_released_at_its_end_ends_it_with_sto
     _fed_one_token_a_step(choice, ["Go", " to", " the", " end", " now", "."])
     assert choice.finish_reason == "stop" and choice.stop_reason == "end"
     assert [entry.token_id for entry in choice.content_logprobs] == [100, 101, 102, 103]
+
+
+@pytest.mark.parametrize(("pieces", "content"), [
+    # ' to' (the 3rd token) may start a headerless switch: held, it came out with ' the', past min_tokens
+    ([" to=user<|message|>", "Go", " to", " the", " end", "."], "Go to the end."),
+    ([" to=user<|message|>", "Go", " to", " the", " to", "p"], "Go to the "),  # the 5th token's counts
+    ([" to=user<|message|>", "Go", " t", "o the", " to", "p"], "Go "),  # it ends in the 4th
+])
+def test_min_tokens_holds_off_a_stop_string_ending_in_its_tokens_though_the_parser_held_its_text(pieces, content):
+    """Audit: stop strings were looked for in all the answer text a step released once more than min_tokens tokens
+    were generated, so text the parser had held back from the min_tokens-th token or before counted (README: a stop
+    string counts if it ends in a token after the min_tokens-th, as in vLLM and `LLM.chat`)."""
+    choice = ChoiceStream(0, None, stop=["to"], single_call=False, min_tokens=3)
+    released = []
+    for i, text in enumerate(pieces):
+        released += choice.feed(StepDelta("r", 0, [100 + i], text, logprobs=[TokenLogprobs(100 + i, -0.1, {})],
+                                          finish_reason="length" if i == len(pieces) - 1 else None))
+        if choice.done:
+            break
+    assert "".join(text for step in released for kind, text in step.events if kind == "content") == content
+    assert choice.finish_reason == ("length" if content.endswith(".") else "stop")
