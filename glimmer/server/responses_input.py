@@ -216,6 +216,7 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
         elif kind == "message" and item.get("role") == "assistant":
             if assistant is not None and (assistant.get("content") or assistant.get("tool_calls")):
                 flush_within_turn()
+            _check_phase(item.get("phase"), where)
             assistant = open_assistant(where)
             assistant_origin.path = where  # after a reasoning item: the message item holds the content
             assistant["content"] = _text_of(item.get("content"), f"{where}.content", refusal=True)
@@ -229,6 +230,9 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
             if role not in _MESSAGE_ROLES:
                 raise RequestError(f"{where}.role: {role!r} is not one of {', '.join(_MESSAGE_ROLES)}",
                                    param=f"{where}.role")
+            if item.get("phase") is not None:  # OpenAI: "not used for user messages"
+                raise RequestError(f"{where}.phase: only an assistant message has a phase (commentary or "
+                                   f"final_answer), not a {role} message; leave it out", param=f"{where}.phase")
             content = _content(item.get("content"), where)
             messages.append({"role": role, "content": content})
             origins.append(MessageSource(where))
@@ -364,11 +368,24 @@ def _refuse_unanswered_calls(called: dict[str, str], answered: dict[str, str]) -
 _ITEM_STATUSES = ("in_progress", "completed", "incomplete")  # OpenAI's statuses of an item
 # The fields of each input item kind (besides `type`); `id` and `status` are what output items carry back.
 _ITEM_FIELDS = {
-    "message": frozenset({"role", "content", "id", "status"}),
+    "message": frozenset({"role", "content", "id", "status", "phase"}),
     "reasoning": frozenset({"summary", "content", "encrypted_content", "id", "status"}),
     "function_call": frozenset({"call_id", "name", "arguments", "id", "status"}),
     "function_call_output": frozenset({"call_id", "output", "id", "status"}),
 }
+
+
+_PHASES = ("commentary", "final_answer")
+
+
+def _check_phase(phase: Any, where: str) -> None:
+    """RequestError naming `where`.phase for a `phase` other than OpenAI's two (or null). An assistant message's phase
+    (commentary, inside its turn; final_answer, ending it), which clients resend on every assistant message as OpenAI
+    asks, changes nothing in the prompt: the item's place in its turn already says which it is, and the prompt marks
+    it so (`end_turn`)."""
+    if phase is not None and phase not in _PHASES:
+        raise RequestError(f"{where}.phase: {phase!r} is not one of {', '.join(_PHASES)} (or null)",
+                           param=f"{where}.phase")
 
 
 def _refuse_unknown_fields(item: dict[str, Any], kind: Any, where: str) -> None:

@@ -1193,6 +1193,34 @@ def test_an_input_item_status_openai_does_not_know_is_refused_naming_it(server, 
     assert [item.status for item in listed.data] == ["incomplete"] * 3
 
 
+@pytest.mark.parametrize("phase", ["commentary", "final_answer"])
+def test_an_assistant_message_phase_is_taken_and_leaves_the_prompt_as_it_is(server, client, phase):
+    """An assistant message item's `phase` (OpenAI's label of a message inside its turn or ending it, which clients
+    resend on every assistant message, as OpenAI asks) was a 400 as an unknown field, so such a client failed on its
+    second turn. It is taken: the item's place in its turn already says which it is, and the prompt is the one
+    without it; input_items lists it back as sent."""
+    items = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
+             {"role": "user", "content": "[greet]"}]
+    plain = _create(client, input=items)
+    prompt = server.engine.engine.runner.prompts[-1]
+    phased = _create(client, input=[items[0], {**items[1], "phase": phase}, items[2]])
+    assert server.engine.engine.runner.prompts[-1] == prompt
+    assert phased.output_text == plain.output_text == "Hello there!"
+    listed = client.responses.input_items.list(phased.id, order="asc")
+    assert [getattr(item, "phase", None) for item in listed.data] == [None, phase, None]
+
+
+@pytest.mark.parametrize(("index", "phase"), [(1, "thinking"), (1, 1), (0, "commentary"), (2, "final_answer")])
+def test_a_phase_openai_does_not_know_or_on_a_user_message_is_refused_naming_it(server, index, phase):
+    """A `phase` is one of OpenAI's two, on an assistant message ("not used for user messages")."""
+    items = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
+             {"role": "user", "content": "[greet]"}]
+    items[index] = {**items[index], "phase": phase}
+    response = httpx.post(server.base_url + "/responses", json={"model": "tiny", "input": items}, timeout=30)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == f"input[{index}].phase"
+
+
 def test_the_response_echoes_the_fields_that_cannot_change_the_output_as_openai_does(client):
     """`safety_identifier`, `prompt_cache_key`, `prompt_cache_retention` were dropped from the response object, and
     `service_tier` was null: OpenAI reports the tier that served the request, and Glimmer has one."""
