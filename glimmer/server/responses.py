@@ -44,6 +44,7 @@ from glimmer.server.responses_input import (
     input_items,
     responses_error,
     sealed_reasoning,
+    with_sealed_reasoning,
 )
 from glimmer.server.responses_items import input_items_page, with_item_ids
 from glimmer.server.responses_schemas import (
@@ -501,9 +502,11 @@ async def count_input_tokens(raw_request: Request, context: ServingContext) -> R
 def get_response(response_id: str, raw_request: Request, context: ServingContext) -> Response:
     """GET /v1/responses/{id} (the SDK's `responses.retrieve`). Its `stream` and `starting_after` replay a background
     response's events, and Glimmer runs none: refused (400 naming them) rather than answered with the JSON object;
-    `include` is checked as on create (output parts hold the logprobs they were made with)."""
+    `include` is checked as on create: `reasoning.encrypted_content` seals the reasoning items' text, as create does
+    (output parts hold the logprobs they were made with)."""
     query = _query(raw_request, ("include", "stream", "starting_after", "include_obfuscation"))
-    check_include(list(query.get("include", [])))
+    include = list(query.get("include", []))
+    check_include(include)
     for name in ("stream", "include_obfuscation"):  # either case: Python's `requests` writes False as "False"
         if query.get(name, "false").lower() not in ("true", "false"):
             raise RequestError(f"{name}: {query[name]!r} is not a boolean (true or false)", param=name)
@@ -514,7 +517,10 @@ def get_response(response_id: str, raw_request: Request, context: ServingContext
                                "when creating it", param=name)
     stored = context.responses.get(response_id)
     if stored is not None:
-        return JSONResponse(stored.response)
+        response = stored.response
+        if ENCRYPTED_REASONING in include:
+            response = {**response, "output": [with_sealed_reasoning(item) for item in response["output"]]}
+        return JSONResponse(response)
     in_progress = context.responses.in_progress(response_id)
     if in_progress is None:
         raise _not_stored(response_id)

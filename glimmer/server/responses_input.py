@@ -426,6 +426,15 @@ def sealed_reasoning(text: str) -> str:
     return _SEALED_REASONING_PREFIX + base64.urlsafe_b64encode(text.encode()).decode()
 
 
+def with_sealed_reasoning(item: dict[str, Any]) -> dict[str, Any]:
+    """A stored reasoning item with its text in `encrypted_content` too (a copy), as `include:
+    ["reasoning.encrypted_content"]` asks of the items `GET /v1/responses/{id}` and `input_items` return, where the
+    response was made without it; any other item, or one that carries it already, as it is."""
+    if item.get("type") != "reasoning" or item.get("encrypted_content"):
+        return item
+    return {**item, "encrypted_content": sealed_reasoning(_reasoning_text(item, "item"))}
+
+
 def _unsealed_reasoning(value: Any, where: str) -> str:
     """The reasoning text of an `encrypted_content` `sealed_reasoning` made; RequestError naming `where` for another."""
     if isinstance(value, str) and value.startswith(_SEALED_REASONING_PREFIX):

@@ -19,7 +19,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from glimmer.errors import RequestError
-from glimmer.server.responses_schemas import check_include
+from glimmer.server.responses_input import with_sealed_reasoning
+from glimmer.server.responses_schemas import ENCRYPTED_REASONING, check_include
 
 _ID_PREFIXES = {"message": "msg", "reasoning": "rs", "function_call": "fc", "function_call_output": "fco"}
 _QUERY_FIELDS = ("after", "before", "limit", "order", "include")
@@ -52,9 +53,9 @@ def listed_item(item: dict[str, Any]) -> dict[str, Any]:
 
 def input_items_page(items: Sequence[dict[str, Any]], query: Mapping[str, str | list[str]]) -> dict[str, Any]:
     """The page of `items` (a stored response's input items, in the order it read them) that `query` asks for.
-    `query` maps each query parameter to its value (a list for `include`; output parts hold the logprobs they were
-    generated with, if any). Raises RequestError naming a parameter that is unknown, out of range, or names no item
-    (`after`, `before`)."""
+    `query` maps each query parameter to its value (a list for `include`: `reasoning.encrypted_content` seals the
+    reasoning items' text, as create does; output parts hold the logprobs they were generated with, if any). Raises
+    RequestError naming a parameter that is unknown, out of range, or names no item (`after`, `before`)."""
     unknown = sorted(set(query) - set(_QUERY_FIELDS))
     if unknown:
         raise RequestError(f"{unknown[0]}: unknown query parameter (input_items takes {', '.join(_QUERY_FIELDS)})",
@@ -64,8 +65,10 @@ def input_items_page(items: Sequence[dict[str, Any]], query: Mapping[str, str | 
         raise RequestError(f"order: {order!r} is not one of 'asc', 'desc'", param="order")
     limit = _limit(query.get("limit"))
     include = query.get("include", [])
-    check_include([include] if isinstance(include, str) else include)
-    ordered = [listed_item(item) for item in (items if order == "asc" else reversed(items))]
+    include = [include] if isinstance(include, str) else include
+    check_include(include)
+    ordered = [listed_item(with_sealed_reasoning(item) if ENCRYPTED_REASONING in include else item)
+               for item in (items if order == "asc" else reversed(items))]
     start, end = 0, len(ordered)
     if query.get("after") is not None:
         start = _position(ordered, query["after"], "after") + 1

@@ -216,6 +216,26 @@ def test_included_encrypted_reasoning_replayed_alone_renders_as_the_reasoning(se
     assert foreign.json()["error"]["param"] == "input[1].encrypted_content"
 
 
+def test_retrieving_with_encrypted_reasoning_included_seals_the_reasoning_items_as_create_does(client):
+    """`include: ["reasoning.encrypted_content"]` on `responses.retrieve` and `responses.input_items.list` was checked
+    and ignored: a response made without it came back with no `encrypted_content`, which a client that replays only
+    that needs. Its reasoning items now carry it, as create's would have; without the include they are as stored."""
+    included = ["reasoning.encrypted_content"]
+    sealed_at_create = _create(client, input="[weather] Weather in Paris?", tools=[WEATHER_TOOL], include=included)
+    first = _create(client, input="[weather] Weather in Paris?", tools=[WEATHER_TOOL])
+    reasoning, call = first.output
+    assert reasoning.encrypted_content is None
+    retrieved = client.responses.retrieve(first.id, include=included)
+    assert retrieved.output[0].encrypted_content == sealed_at_create.output[0].encrypted_content
+    assert retrieved.output[1] == call and client.responses.retrieve(first.id).output == first.output
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny [sunny-result]"}
+    second = _create(client, input=[result], previous_response_id=first.id, tools=[WEATHER_TOOL])
+    listed = client.responses.input_items.list(second.id, order="asc", include=included).data
+    assert [item.type for item in listed] == ["message", "reasoning", "function_call", "function_call_output"]
+    assert listed[1].encrypted_content == retrieved.output[0].encrypted_content
+    assert client.responses.input_items.list(second.id, order="asc").data[1].encrypted_content is None
+
+
 def test_a_reasoning_item_sent_back_without_its_text_renders_the_stored_text_of_its_id(client):
     """LangChain's stream builds a reasoning item from `response.output_item.added` (empty `content` and `summary`,
     `status: in_progress`; it reads no reasoning_text deltas) and sends it back so: its reasoning was left out of the
