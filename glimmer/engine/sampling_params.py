@@ -200,6 +200,10 @@ class StructuredOutputsParams:
             raise RequestError(f"response_format.json_schema.name: {spec['name'][:80]!r} is not a name OpenAI takes: "
                                "letters a-z and A-Z, digits, '_' and '-', at most 64 of them",
                                param="response_format.json_schema.name")
+        description = spec.get("description")
+        if description is not None and not isinstance(description, str):  # never shown to the model: its type is all
+            raise RequestError("response_format.json_schema.description: must be a string",
+                               param="response_format.json_schema.description")
         schema = spec.get("schema")
         if schema is None:  # optional in OpenAI's chat API (any JSON value); null is the field left out
             schema = {}

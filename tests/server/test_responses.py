@@ -1171,6 +1171,8 @@ def test_a_response_being_generated_is_in_progress_not_unknown(server, client, m
     ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),  # required here
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": None}}}, "text.format.schema"),
     ({"text": {"format": {"type": "text"}, "fmt": {"type": "json_object"}}}, "text.fmt"),  # param was `text`
+    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {}, "description": ["x"]}}},
+     "text.format.description"),  # was taken, as any value
     ({"reasoning": {"summary": "concise"}}, "reasoning.summary"),  # the reasoning comes whole or not at all
     ({"reasoning": {"context": "current_turn"}}, "reasoning.context"),  # earlier reasoning is always rendered
     ({"reasoning": {"context": "some_turns"}}, "reasoning.context"),

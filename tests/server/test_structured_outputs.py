@@ -305,6 +305,8 @@ def test_vllms_other_structured_outputs_fields_are_taken_where_they_change_nothi
      "response_format.json_schema.name"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "a" * 65, "schema": {}}}},
      "response_format.json_schema.name"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}, "description": 5}}},
+     "response_format.json_schema.description"),  # was taken, as any value
     ({"response_format": {"type": "xml"}}, "response_format.type"),
     ({"structured_outputs": {"regex": "(open"}}, "structured_outputs.regex"),
     ({"structured_outputs": {"grammar": "start: nowhere"}}, "structured_outputs.grammar"),
