@@ -93,7 +93,7 @@ class _Conversation:
 def _conversation(request: ResponsesRequest, store: ResponseStore) -> _Conversation:
     """Raises RequestError for an unknown previous response or anything the model cannot take."""
     check_supported(request)
-    items = [_with_stored_reasoning(item, store, f"input[{i}]") for i, item in enumerate(input_items(request.input))]
+    items = [_from_store(item, store, f"input[{i}]") for i, item in enumerate(input_items(request.input))]
     continued = 0  # items of the response continued, before the request's own input
     previous = None
     if request.previous_response_id is not None:
@@ -139,6 +139,42 @@ def _conversation(request: ResponsesRequest, store: ResponseStore) -> _Conversat
     except ValidationError as exc:
         raise responses_error(request_error(exc), sources) from None
     return _Conversation(items, chat, sources, previous, continued)
+
+
+def _from_store(item: Any, store: ResponseStore, where: str) -> Any:
+    """An input item as the store completes it: an `item_reference` is the stored item it names, a reasoning item sent
+    back without its text gets the stored text of its id; any other item is returned as it is. Raises RequestError
+    naming `where` (the item's place in the input) for an item the store cannot complete."""
+    if isinstance(item, dict) and _is_reference(item):
+        return _referenced_item(item, store, where)
+    return _with_stored_reasoning(item, store, where)
+
+
+def _is_reference(item: dict[str, Any]) -> bool:
+    """An `item_reference` item: so typed, or an `id` alone (the SDK's ItemReference leaves its `type` optional)."""
+    return item.get("type") == "item_reference" or {key for key, value in item.items() if value is not None} == {"id"}
+
+
+def _referenced_item(reference: dict[str, Any], store: ResponseStore, where: str) -> dict[str, Any]:
+    """The output item of a stored response that an `item_reference` names by its `id`, as OpenAI reads one: the
+    Vercel AI SDK, while its `store` is true (its default), sends each item of the earlier turns it holds an id for
+    (reasoning, an assistant message, a function call) as a reference alone. Raises RequestError naming `where` for a
+    reference with another field, without a string id, or naming no stored output item (it would render as
+    nothing)."""
+    unknown = sorted(key for key, value in reference.items() if key not in ("type", "id") and value is not None)
+    if unknown:
+        raise RequestError(f"{where}.{unknown[0]}: unknown field of an item_reference item (it has `id` alone)",
+                           param=f"{where}.{unknown[0]}")
+    item_id = reference.get("id")
+    if not isinstance(item_id, str) or not item_id:
+        raise RequestError(f"{where}.id: an item_reference needs the id of a stored response's output item",
+                           param=f"{where}.id")
+    stored = store.output_item(item_id)
+    if stored is None:
+        raise RequestError(f"{where}.id: no stored response holds an output item {item_id!r} (never stored, store: "
+                           "false, expired, evicted or deleted; responses are kept in memory); send the item itself "
+                           "instead of a reference to it", param=f"{where}.id")
+    return dict(stored)
 
 
 def _with_stored_reasoning(item: Any, store: ResponseStore, where: str) -> Any:

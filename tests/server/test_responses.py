@@ -236,6 +236,53 @@ def test_retrieving_with_encrypted_reasoning_included_seals_the_reasoning_items_
     assert client.responses.input_items.list(second.id, order="asc").data[1].encrypted_content is None
 
 
+def test_an_item_reference_is_the_stored_output_item_it_names(server, client):
+    """The Vercel AI SDK (with its default `store: true`) sends each item of the earlier turns it holds an id for as
+    `{"type": "item_reference", "id": ...}`, as OpenAI reads them from the responses it stored; they were a 400 ("input
+    items of type 'item_reference' are not supported"), so its second turn failed. A reference is the stored output
+    item it names: the prompt is the one with the items sent whole."""
+    question = {"role": "user", "content": "[weather] Weather in Paris?"}
+    first = _create(client, input=[question], tools=[WEATHER_TOOL])
+    reasoning, call = first.output
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny [sunny-result]"}
+    whole = _create(client, input=[question, reasoning.model_dump(exclude_none=True), call.model_dump(), result],
+                    tools=[WEATHER_TOOL])
+    prompt = server.engine.engine.runner.prompts[-1]
+    references = [{"type": "item_reference", "id": reasoning.id}, {"id": call.id}]  # the SDK's `type` is optional
+    referenced = _create(client, input=[question, *references, result], tools=[WEATHER_TOOL])
+    assert server.engine.engine.runner.prompts[-1] == prompt
+    assert referenced.output_text == whole.output_text == "It is sunny in Paris."
+    listed = client.responses.input_items.list(referenced.id, order="asc").data
+    assert [(item.type, item.id) for item in listed[1:3]] == [("reasoning", reasoning.id), ("function_call", call.id)]
+    answer = referenced.output[-1]
+    then = _create(client, input=[question, *references, result, {"type": "item_reference", "id": answer.id},
+                                  {"role": "user", "content": "[greet] Thanks!"}], tools=[WEATHER_TOOL])
+    assert then.status == "completed"
+    answered = "It is sunny in Paris.<|eot|><|start|>user<|message|>[greet] Thanks!"
+    assert answered in server.engine.engine.runner.prompts[-1]
+
+
+@pytest.mark.parametrize(("reference", "param"), [
+    ({"type": "item_reference", "id": "msg_never_made"}, "input[1].id"),
+    ({"type": "item_reference"}, "input[1].id"),
+    ({"type": "item_reference", "id": 5}, "input[1].id"),
+    ({"type": "item_reference", "id": "msg_x", "text": "hi"}, "input[1].text"),
+])
+def test_an_item_reference_naming_no_stored_output_item_is_refused_naming_it(server, reference, param):
+    body = {"model": "tiny", "input": [{"role": "user", "content": "Hi"}, reference]}
+    response = httpx.post(server.base_url + "/responses", json=body, timeout=30)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
+
+
+def test_an_item_reference_to_a_response_not_stored_is_refused(client):
+    unstored = _create(client, input="[greet] Hi", store=False)
+    with pytest.raises(openai.BadRequestError) as refused:
+        _create(client, input=[{"role": "user", "content": "[greet] Hi"},
+                               {"type": "item_reference", "id": unstored.output[-1].id}])
+    assert refused.value.body["param"] == "input[1].id" and "store: false" in refused.value.body["message"]
+
+
 def test_a_reasoning_item_sent_back_without_its_text_renders_the_stored_text_of_its_id(client):
     """LangChain's stream builds a reasoning item from `response.output_item.added` (empty `content` and `summary`,
     `status: in_progress`; it reads no reasoning_text deltas) and sends it back so: its reasoning was left out of the
@@ -1164,7 +1211,7 @@ def test_a_response_being_generated_is_in_progress_not_unknown(server, client, m
     ({"input": [{"type": "function_call_output", "call_id": "c", "output": "x", "name": "f"}]}, "input[0].name"),
     ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
     ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}, "input[0].content[0]"),
-    ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
+    ({"input": [{"type": "web_search_call", "id": "x"}]}, "input[0].type"),
     ({"input": [{"role": "user", "content": [{"type": "input_text"}]}]}, "input[0].content[0].text"),
     ({"include": ["file_search_call.results"]}, "include"),
     ({"frobnicate": 1}, "frobnicate"),
