@@ -38,6 +38,8 @@ import torch
 from glimmer.engine.sampling_params import StructuredOutputsParams
 from glimmer.engine.tokenizer import Tokenizer
 from glimmer.errors import ConstraintFailure, RequestError
+from glimmer.protocol.duplicate_keys import first_duplicate_key
+from glimmer.protocol.request_normalization import lone_surrogate_error
 from glimmer.protocol.schema_bounds import empty_bounds, endless_reference
 from glimmer.protocol.tokens import EOM, EOT, MESSAGE
 from glimmer.protocol.turn_grammar import (
@@ -640,12 +642,7 @@ def answer_grammar(params: StructuredOutputsParams, param: str = "structured_out
     if kind in ("json", "json_object"):
         schema: Any = {"type": "object"} if kind == "json_object" else params.json
         if isinstance(schema, str):
-            try:
-                schema = json.loads(schema)
-            except RecursionError:
-                raise RequestError(f"{param}: the JSON schema is nested too deeply", param=param) from None
-            except ValueError as exc:
-                raise RequestError(f"{param}: the JSON schema is not valid JSON: {exc}", param=param) from None
+            schema = _schema_from_text(schema, param)
         if not isinstance(schema, dict):
             raise RequestError(f"{param}: a JSON schema must be an object", param=param)
         try:
@@ -670,6 +667,30 @@ def answer_grammar(params: StructuredOutputsParams, param: str = "structured_out
         return {"lark_grammar": grammar}
     entry = json.loads(grammar)["grammars"][0]
     return {k: v for k, v in entry.items() if v is not None and k != "name"}
+
+
+def _schema_from_text(text: str, param: str) -> Any:
+    """A JSON schema sent as its JSON text (vLLM's `guided_json` or `structured_outputs.json` as a string), read as the
+    request body is: RequestError(param) for text that is no JSON or nests too deeply, that gives a key twice in one
+    object (Python's json keeps the last value: `"properties"` given twice lost the first's required property with no
+    word, where the same schema sent as an object is refused), or that holds a lone surrogate (`\\ud800`, which the
+    grammar engine refused as "Value is not JSON serializable")."""
+    try:
+        schema = json.loads(text)
+        repeated = first_duplicate_key(text)
+    except RecursionError:
+        raise RequestError(f"{param}: the JSON schema is nested too deeply", param=param) from None
+    except ValueError as exc:
+        raise RequestError(f"{param}: the JSON schema is not valid JSON: {exc}", param=param) from None
+    if repeated is not None:
+        raise RequestError(f"{param}.{repeated}: given more than once in the same JSON object; send each key once "
+                           "(JSON leaves which value counts undefined)", param=f"{param}.{repeated}")
+    if "\\u" in text:
+        try:
+            json.dumps(schema, ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            raise lone_surrogate_error(param) from None
+    return schema
 
 
 def check_json_schema(schema: Mapping[str, Any], param: str, strict: bool = False) -> None:

@@ -341,6 +341,30 @@ def test_an_invalid_schema_regex_or_grammar_is_refused_naming_the_field(compiler
     assert raised.value.param == field
 
 
+@pytest.mark.parametrize(("text", "path"), [
+    ('{"type": "object", "properties": {"a": {"type": "string"}}, "properties": {"b": {"type": "integer"}}, '
+     '"required": ["a"]}', "guided_json.properties"),
+    ('{"type": "object", "properties": {"a": {"type": "string", "type": "integer"}}}', "guided_json.properties.a.type"),
+], ids=["outer", "inner"])
+def test_a_schema_as_json_text_giving_a_key_twice_is_refused_naming_the_key(text, path):
+    """The text form of a schema (guided_json, structured_outputs.json) was read by json.loads, which keeps the last
+    value: the first `properties`, with the property `required` asked for, was dropped without a word, where the same
+    schema sent as an object is refused for its repeated key."""
+    with pytest.raises(RequestError) as raised:
+        answer_grammar(StructuredOutputsParams(json=text), "guided_json")
+    assert raised.value.param == path
+    assert str(raised.value).startswith(f"{path}: given more than once in the same JSON object")
+
+
+def test_a_schema_as_json_text_holding_a_lone_surrogate_is_refused_naming_it():
+    """Its `\\ud800` escape decodes to a lone surrogate, which the grammar engine refused as "Value is not JSON
+    serializable", quoting the compiled grammar."""
+    with pytest.raises(RequestError) as raised:
+        answer_grammar(StructuredOutputsParams(json='{"type": "string", "pattern": "\\ud800"}'), "guided_json")
+    assert raised.value.param == "guided_json"
+    assert "lone UTF-16 surrogate" in str(raised.value) and "serializable" not in str(raised.value)
+
+
 @pytest.mark.parametrize(("schema", "words"), [
     ({"type": "object", "properties": {"city": {"type": "nonsense"}}}, "Invalid type: nonsense"),
     ({"type": "object", "properties": {"city": {"$ref": "#/$defs/missing"}}}, "/$defs/missing"),
