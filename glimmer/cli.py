@@ -27,7 +27,14 @@ from glimmer.default_model import DEFAULT_MODEL_BLURB, DEFAULT_MODEL_NAME, EMBED
 from glimmer.engine.sampling_params import SEED_RANGE
 from glimmer.errors import ConfigError, GlimmerError, RequestError
 from glimmer.multimodal.settings import NOT_A_HOST_NAME, MediaFetchPolicy, MediaLimits, host_name
-from glimmer.server.settings import API_KEY_ROUTES, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_REQUEST_READ_TIMEOUT_S
+from glimmer.server.settings import (
+    API_KEY_ROUTES,
+    DEFAULT_MAX_REQUEST_BYTES,
+    DEFAULT_REQUEST_READ_TIMEOUT_S,
+    UNSENDABLE_KEY,
+    api_keys,
+    sendable_in_a_header,
+)
 from glimmer.sigterm import SigtermWatch, Terminated, give_back_sigterm
 
 
@@ -1108,6 +1115,9 @@ def _check_serve_options(args: argparse.Namespace) -> None:
     if args.api_key is None and from_environment is not None and not from_environment[1].strip():
         raise UsageError(f"${from_environment[0]} is blank (whitespace only); set it to the key clients must send, or "
                          "unset it to serve without one")
+    if not all(sendable_in_a_header(key.strip()) for key in api_keys(_serve_api_key(args))):
+        source = "--api-key" if args.api_key is not None or from_environment is None else f"${from_environment[0]}"
+        raise UsageError(f"{source} {UNSENDABLE_KEY}")
     if args.metrics_require_api_key and not _serve_api_key(args):
         raise UsageError("--metrics-require-api-key needs a key to require; give --api-key (or GLIMMER_API_KEY)")
     _check_served_model_names(args)

@@ -93,6 +93,8 @@ class ServerSettings:
         keys = api_keys(self.api_key)
         if self.api_key is not None and not (keys and all(key.strip() for key in keys)):
             raise ConfigError("api_key must not be empty; leave it unset to serve without a key")
+        if not all(sendable_in_a_header(key.strip()) for key in keys):  # a secret: the message does not quote it
+            raise ConfigError(f"api_key {UNSENDABLE_KEY}")
         if self.max_request_bytes < 1024:
             raise ConfigError(f"max_request_bytes={self.max_request_bytes} is too small; use at least 1024")
         for name in ("max_images_per_request", "max_videos_per_request"):
@@ -117,6 +119,16 @@ class ServerSettings:
     @property
     def model_name(self) -> str:
         return self.served_model_names[0]
+
+
+UNSENDABLE_KEY = ("holds a character outside printable ASCII, which no client can send as `Authorization: Bearer "
+                  "KEY` (the openai SDK refuses it; curl's UTF-8 bytes are read as Latin-1, the header's encoding), so "
+                  "every request would be 401 'incorrect API key'; use a key of printable ASCII characters")
+
+
+def sendable_in_a_header(key: str) -> bool:
+    """Whether an HTTP client can send `key` in a header: printable ASCII (a tab inside too, RFC 9110 §5.5)."""
+    return all(" " <= char <= "~" or char == "\t" for char in key)
 
 
 def api_keys(api_key: str | tuple[str, ...] | None) -> tuple[str, ...]:

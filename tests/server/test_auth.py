@@ -54,3 +54,18 @@ def test_an_authorization_header_that_is_not_bearer_key_says_so_without_echoing_
 def test_no_keys_or_an_empty_one_among_them_is_refused_as_empty(keys):
     with pytest.raises(ConfigError, match="api_key must not be empty"):
         ServerSettings(served_model_names=("m",), api_key=keys)
+
+
+@pytest.mark.parametrize("keys", ["clé-secret", ("sk-old", "sk-\u200bnew"), "sk-\x00key"])
+def test_a_key_no_client_can_send_is_refused_at_start_without_quoting_it(keys):
+    """A key outside printable ASCII started a server no client could use: the openai SDK refuses to send it, and
+    curl's UTF-8 bytes reached the check read as Latin-1 (the header's encoding), so every request was 401 'incorrect
+    API key' with nothing saying why."""
+    with pytest.raises(ConfigError, match="outside printable ASCII") as raised:
+        ServerSettings(served_model_names=("m",), api_key=keys)
+    assert "secret" not in str(raised.value) and "new" not in str(raised.value)
+
+
+def test_a_key_of_printable_ascii_with_inner_spaces_is_taken():
+    ServerSettings(served_model_names=("m",), api_key="sk key~!")
+    check_api_key(_request("Bearer sk key~!"), "sk key~!")

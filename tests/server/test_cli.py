@@ -1847,6 +1847,21 @@ def test_serve_refuses_a_blank_api_key_variable_naming_it(capsys, monkeypatch, t
     assert "no-such-model" not in err
 
 
+@pytest.mark.parametrize(("flags", "env", "named"), [(["--api-key", "sk-ok", "clé"], {}, "--api-key"),
+                                                    ([], {"GLIMMER_API_KEY": "clé\n"}, "$GLIMMER_API_KEY")])
+def test_serve_refuses_a_key_no_client_can_send_naming_where_it_came_from(capsys, monkeypatch, tmp_path, flags, env,
+                                                                         named):
+    """A key outside printable ASCII was taken: the openai SDK cannot send it and curl's UTF-8 bytes never matched, so
+    the server answered every request 401 'incorrect API key'. It is refused before the model loads, unquoted."""
+    for name in ("GLIMMER_API_KEY", "VLLM_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    err = _fails_with_one_line(capsys, ["serve", str(tmp_path / "no-such-model"), "--port", str(free_port()), *flags],
+                               f"{named} holds a character outside printable ASCII")
+    assert "no-such-model" not in err and "clé" not in err
+
+
 def test_metrics_require_api_key_takes_vllms_api_key_from_the_environment(capsys, monkeypatch, tmp_path):
     monkeypatch.delenv("GLIMMER_API_KEY", raising=False)
     monkeypatch.setenv("VLLM_API_KEY", "vllm-key")
