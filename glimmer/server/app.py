@@ -37,7 +37,7 @@ from glimmer.server.context import ServingContext
 from glimmer.server.errors import APIError, error_body, error_response
 from glimmer.server.invocations import invoke
 from glimmer.server.metrics import ServerMetrics
-from glimmer.server.request_id import CLIENT_HEADER_COUNT, MADE_ID
+from glimmer.server.request_id import CLIENT_HEADER_COUNT, MADE_ID, RESPONSES_ROUTES
 from glimmer.server.request_id import HEADER as REQUEST_ID_HEADER
 from glimmer.server.responses import (
     cancel_response,
@@ -54,13 +54,10 @@ from glimmer.server.tokenize import detokenize, tokenize
 
 logger = logging.getLogger(__name__)
 
-_ENDPOINTS = ("/", "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/responses/input_tokens",
-              "/v1/responses/compact", "/v1/models", "/tokenize", "/detokenize", "/health", "/ping", "/invocations",
-              "/version", "/metrics")
+_ENDPOINTS = ("/", "/v1/chat/completions", "/v1/completions", "/v1/responses",
+              *(f"/v1/responses/{route}" for route in RESPONSES_ROUTES), "/v1/models", "/tokenize", "/detokenize",
+              "/health", "/ping", "/invocations", "/version", "/metrics")
 _STORED_RESPONSE_ROUTES = ("input_items", "cancel")  # /v1/responses/{id}/...
-_RESPONSES_ROUTES = tuple(endpoint.removeprefix("/v1/responses/") for endpoint in _ENDPOINTS
-                          if endpoint.startswith("/v1/responses/"))
-"""/v1/responses/compact and /input_tokens: routes of their own, no stored response's id."""
 _CLIENT_CLOSED_REQUEST = 499
 STATIC_DIR = Path(__file__).parent / "static"
 """The chat page served at `/` (plain HTML, CSS and JavaScript; no build step)."""
@@ -245,7 +242,7 @@ def _allowed_methods(app: FastAPI, scope: Scope) -> list[str]:
     mounted page files take GET and HEAD, stated here: the `Allow` of Starlette's StaticFiles 405 is not set in every
     Starlette version. /v1/responses/compact and /input_tokens take POST alone: the `{response_id}` routes that match
     them too refuse them (`_not_a_stored_response`)."""
-    if get_route_path(scope).removeprefix("/v1/responses/") in _RESPONSES_ROUTES:
+    if get_route_path(scope).removeprefix("/v1/responses/") in RESPONSES_ROUTES:
         return ["POST"]
     if isinstance(scope.get("endpoint"), _PageFiles):  # the mount's scope: its path is the file's, under /static
         return ["GET", "HEAD"]  # StaticFiles serves these alone
@@ -328,7 +325,7 @@ def _not_a_stored_response(response_id: str) -> None:
     """Raises HTTPException(405) for the name of a route of its own under /v1/responses (GET /v1/responses/compact):
     `{response_id}` matches it too, and answered 404 "no stored response 'compact'" for a method that route does not
     take."""
-    if response_id in _RESPONSES_ROUTES:
+    if response_id in RESPONSES_ROUTES:
         raise HTTPException(405)
 
 

@@ -29,6 +29,11 @@ MAX_CHARS = 256
 _PRINTABLE = re.compile(r"[!-~](?:[ -~]*[!-~])?")
 
 
+RESPONSES_ROUTES = ("input_tokens", "compact")
+"""The routes of their own under /v1/responses/ (POST /v1/responses/input_tokens and /compact), which no stored
+response's id can be."""
+
+
 def client_request_id(raw_request: Request, body_id: str | None) -> str | None:
     """The client's id: the header's, else the body's `request_id`, else None (a header --enable-request-id-headers
     made, or an empty one, counts as none). Raises RequestError for one sent twice, too long, or not visible ASCII."""
@@ -48,12 +53,17 @@ def response_id(raw_request: Request, body_id: str | None) -> str:
     """The id of a Responses request's response, as vLLM's: the body's `request_id` as sent, else `resp_` and the id
     --enable-request-id-headers made, else a new one. The `X-Request-Id` header names no response (vLLM's ignores it):
     a response is stored by its id, which a proxy's constant header would give every response. Raises RequestError for
-    a `request_id` too long, not visible ASCII, or no URL path segment (`GET /v1/responses/{id}` fetches it by one)."""
+    a `request_id` too long, not visible ASCII, or no URL path segment of its own (`GET /v1/responses/{id}` fetches it
+    by one)."""
     if body_id:
         if "/" in _checked(body_id, "request_id") or body_id in (".", ".."):
             raise RequestError(f"request_id: {body_id!r} cannot name a stored response: `GET /v1/responses/{{id}}` "
                                "could not fetch it (a URL reads '/' as a path's separator, '.' and '..' as "
                                "directories); send one without '/'", param="request_id")
+        if body_id in RESPONSES_ROUTES:
+            raise RequestError(f"request_id: {body_id!r} cannot name a stored response: /v1/responses/{body_id} is a "
+                               "route of its own, which `GET` and `DELETE /v1/responses/{id}` would not reach; send "
+                               "another id", param="request_id")
         return _body_id(raw_request, body_id)
     return f"resp_{raw_request.scope.get('state', {}).get(MADE_ID) or uuid.uuid4().hex}"
 

@@ -160,10 +160,11 @@ def test_a_responses_request_id_is_the_response_id_as_vllm_takes_it(server):
         assert made.json()["id"].startswith("resp_") and len(made.json()["id"]) > len("resp_") + 8
 
 
-@pytest.mark.parametrize("sent", ["x" * 257, "a\nb", "caf\u00e9", 7, "order/7", "..", "7/input_items"])
+@pytest.mark.parametrize("sent", ["x" * 257, "a\nb", "caf\u00e9", 7, "order/7", "..", "7/input_items", "compact",
+                                  "input_tokens"])
 def test_a_responses_request_id_no_log_or_url_could_carry_is_refused_naming_it(server, sent):
     """As on chat, and one no `GET /v1/responses/{id}` could fetch the stored response by (its input items were
-    what `7/input_items` fetched)."""
+    what `7/input_items` fetched; `compact` and `input_tokens` are routes of their own, whose GET is a 405)."""
     response = _post(server, "/responses", {**RESPONSE, "request_id": sent})
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == "request_id"
