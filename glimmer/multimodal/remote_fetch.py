@@ -97,6 +97,10 @@ class LookupsBusyError(Exception):
     """Every host-name lookup the process allows (MAX_PENDING_LOOKUPS) is still waiting on the resolver."""
 
 
+LONGEST_SOCKET_WAIT_S = 1e9
+"""The longest timeout one socket wait is given (31 years): a socket takes none past about 9.2e9 s (nanoseconds in 64
+bits), so a longer time limit (`--media-fetch-timeout 1e12`, meaning none) made every wait raise OverflowError; the
+whole fetch still ends by its own limit."""
 MAX_PENDING_LOOKUPS = 64  # over the 40 fetches a server's loop runs at once, so that only stuck lookups fill it
 # one for the process, as the threads it counts are: every server, loop and LLM fetching shares them
 _PENDING_LOOKUPS = threading.BoundedSemaphore(MAX_PENDING_LOOKUPS)
@@ -282,7 +286,8 @@ def _fetch(url: str, backend: _GuardedBackend) -> bytes:
     with httpcore.ConnectionPool(ssl_context=ssl.create_default_context(), max_connections=1,
                                  network_backend=backend) as pool:
         for _ in range(policy.max_redirects + 1):
-            left = backend.time_left("following redirects")  # each hop's waits end by the deadline too
+            # each hop's waits end by the deadline too
+            left = min(backend.time_left("following redirects"), LONGEST_SOCKET_WAIT_S)
             timeouts = {"connect": left, "read": left, "write": left, "pool": left}
             parts = urlsplit(url)
             host = (parts.hostname or "").rstrip(".")

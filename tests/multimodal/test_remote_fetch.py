@@ -239,25 +239,41 @@ def test_cancelling_a_fetch_ends_its_connect_to_an_address_that_never_answers(mo
             connection.close()
 
 
+class _Ok(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def log_message(self, *args):
+        pass
+
+
+def fetched_from_a_server_answering_ok(host: str, policy: MediaFetchPolicy) -> bytes:
+    """What `fetch_remote` returns for `http://HOST:PORT/cat.gif`, PORT a server's on 127.0.0.1 that answers every GET
+    with the body `ok` (`host` resolves there, or a test's getaddrinfo makes it)."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Ok)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        return fetch_remote(f"http://{host}:{server.server_address[1]}/cat.gif", policy)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_time_limit_past_what_a_socket_takes_is_no_limit_not_a_failed_fetch():
+    """The fetch's time limit was each socket wait's timeout too, and a socket takes none past about 9.2e9 s
+    (nanoseconds in 64 bits): under `--media-fetch-timeout 1e12`, an operator's "no limit", every http(s) image
+    failed with `OverflowError: timestamp out of range for platform time_t`."""
+    policy = MediaFetchPolicy.create(allowed_domains=["127.0.0.1"], timeout_s=1e12)
+    assert fetched_from_a_server_answering_ok("127.0.0.1", policy) == b"ok"
+
+
 def test_an_address_family_the_kernel_lacks_moves_on_to_the_next_address(monkeypatch):
     """A dual-stack name resolves to its IPv6 address first; on a kernel without IPv6 the socket itself cannot be
     made (EAFNOSUPPORT). httpcore's connect reads that as a failed connection and tries the next address; the
     cancellable connect let the OSError out of the loop, and every such fetch failed where IPv4 would answer."""
-
-    class Ok(BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200)
-            self.send_header("Content-Length", "2")
-            self.end_headers()
-            self.wfile.write(b"ok")
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Ok)
-    port = server.server_address[1]
-    serving = threading.Thread(target=server.serve_forever, daemon=True)
-    serving.start()
     monkeypatch.setattr(socket, "getaddrinfo", lambda host, port, **kwargs: [
         (socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("::1", port, 0, 0)),
         (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))])
@@ -269,13 +285,8 @@ def test_an_address_family_the_kernel_lacks_moves_on_to_the_next_address(monkeyp
         return real_socket(family, *args, **kwargs)
 
     monkeypatch.setattr(socket, "socket", no_ipv6)
-    try:
-        body = fetch_remote(f"http://dual.test:{port}/cat.gif",
-                            MediaFetchPolicy.create(allowed_domains=["dual.test"], timeout_s=30.0))
-    finally:
-        server.shutdown()
-        server.server_close()
-    assert body == b"ok"
+    policy = MediaFetchPolicy.create(allowed_domains=["dual.test"], timeout_s=30.0)
+    assert fetched_from_a_server_answering_ok("dual.test", policy) == b"ok"
 
 
 def test_cancelling_a_fetch_ends_its_wait_on_a_lookup_that_does_not_answer(monkeypatch):
