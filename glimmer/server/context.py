@@ -96,9 +96,10 @@ class ServingContext:
         return self.engine.engine.model_config.video_unsupported_reason
 
     def check_model(self, requested: str | None) -> str:
-        """The served name to report; raises APIError 404 for a model this server does not serve."""
+        """The served name to report; raises APIError 404 for a model this server does not serve. An empty name is
+        none given, as vLLM takes it (clients whose model setting is blank send `"model": ""`)."""
         names = self.settings.served_model_names
-        if requested is None:
+        if not requested:
             return names[0]
         if requested not in names:
             raise APIError(404, f"the model {requested!r} does not exist here; this server serves "

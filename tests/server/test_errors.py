@@ -482,6 +482,19 @@ def test_unknown_model_is_404(server, client):
                     404)["code"] == "not_found"
 
 
+def test_an_empty_model_is_the_served_model_as_vllm_takes_it(server):
+    """vLLM reads an empty `model` as one left out (serving_engine._is_model_supported: `if not model_name`), and
+    clients whose model setting is blank send it so: Glimmer answered 404 "the model '' does not exist here"."""
+    for path, body in (("/chat/completions", chat(model="")), ("/completions", {"prompt": "hi", "max_tokens": 2}),
+                       ("/responses", {"input": "hi", "max_output_tokens": 16})):
+        answered = post(server, {**body, "model": ""}, path=path)
+        assert answered.status_code == 200 and answered.json()["model"] == "tiny", answered.text
+    tokenized = [httpx.post(server.url + "/tokenize", json={**model, "prompt": "hi"},
+                            headers={"Authorization": f"Bearer {KEY}"}) for model in ({"model": ""}, {})]
+    assert tokenized[0].status_code == 200, tokenized[0].text
+    assert tokenized[0].json() == tokenized[1].json()
+
+
 def test_a_client_whose_base_url_lacks_v1_is_told_where_the_route_is(server):
     """A base URL without its /v1 (`http://HOST:PORT`) is a common slip, and the 404 said only "Not Found". It names
     the URL, as OpenAI's 404 does, and the route this server serves it at."""
