@@ -657,6 +657,8 @@ def _batch_output(target: str, source: str) -> Iterator[_BatchOutput]:
     if urlsplit(target).scheme in ("http", "https"):
         raise UsageError(f"--output-file {target}: writing to a URL is not supported; give a local path (then upload "
                          "it), or - for stdout")
+    if target == "-" and sys.stdout is None:  # started with stdout closed: no record could be written
+        raise UsageError("--output-file -: stdout is closed; give the path to write the results to")
     path = Path(target).expanduser()
     # samefile: a hard link to the input (or a symbolic one, or another spelling of its path) is the input too
     if target != "-" and source != "-" and path.exists() and path.samefile(Path(source).expanduser()):
@@ -1837,6 +1839,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if sys.stderr is None:  # started with stderr closed (a daemonizer's, a job's `2>&-`): Python then has none, a
+        # progress bar on it failed run-batch once its output was emptied, and print(file=None) writes to stdout,
+        # where run-batch's notes and summary landed among its records (-o -)
+        sys.stderr = open(os.devnull, "w")  # the process's own, as the stream it stands for
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level or "INFO", format="%(levelname)s %(name)s: %(message)s")

@@ -393,6 +393,35 @@ def test_run_batch_reads_stdin_and_writes_stdout(tiny_checkpoint, monkeypatch, c
     assert "vLLM's --response-role assistant changes nothing here" in captured.err
 
 
+def _run_batch_with_a_stream_closed(tiny_checkpoint: Path, tmp_path: Path, closed: str
+                                    ) -> subprocess.CompletedProcess:
+    """`glimmer run-batch MODEL -i - -o -` of two completion lines, run with `closed` (a shell redirection such as
+    `2>&-`) as a daemonizer or a job runner starts it."""
+    text = "".join(_line(f"q{index}", "/v1/completions", {"prompt": "Once", "max_tokens": 2}) + "\n"
+                   for index in range(2))
+    return subprocess.run(["sh", "-c", f'exec "$@" {closed}', "sh", sys.executable, "-m", "glimmer.cli", "run-batch",
+                           str(tiny_checkpoint), "-i", "-", "-o", "-", "--max-model-len", "2048",
+                           "--disable-log-requests"], input=text, capture_output=True, text=True, timeout=300)
+
+
+def test_run_batch_started_with_stderr_closed_writes_its_records_alone(tiny_checkpoint, tmp_path):
+    """Python has no sys.stderr then: the progress bar wrote to None (an AttributeError once the batch began, the
+    output emptied, exit 1), and print(file=None) wrote the notes and the summary to stdout, among the records."""
+    run = _run_batch_with_a_stream_closed(tiny_checkpoint, tmp_path, "2>&-")
+    assert run.returncode == 0
+    records = [json.loads(line) for line in run.stdout.splitlines()]  # stdout holds the records alone
+    assert [(record["custom_id"], record["response"]["status_code"]) for record in records] == [("q0", 200),
+                                                                                                   ("q1", 200)]
+
+
+def test_run_batch_to_a_closed_stdout_is_one_line_before_the_model_loads(tiny_checkpoint, tmp_path):
+    """It loaded the model, then failed writing the first record to None: a traceback, exit 1."""
+    run = _run_batch_with_a_stream_closed(tiny_checkpoint, tmp_path, ">&-")
+    assert run.returncode == 2 and "Loading weights" not in run.stderr, run.stderr
+    assert run.stderr.splitlines()[-1] == ("glimmer: error: --output-file -: stdout is closed; give the path to write "
+                                           "the results to")
+
+
 def test_a_short_engine_queue_still_leaves_a_full_batch_in_flight(tiny_checkpoint, tmp_path, monkeypatch):
     """--max-waiting-requests bounds the requests waiting beside those the engine runs: at 1, the batch ran one request
     at a time, and the engine batched none."""
