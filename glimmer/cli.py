@@ -735,6 +735,21 @@ class _StoreNamingTheFlag(argparse.Action):
         setattr(namespace, f"{self.dest}_flag", option_string)
 
 
+class _ExtendTakingVllmsJsonList(argparse.Action):
+    """A CORS option's values added to those given before, as `action="extend"` adds them, where a value that is one
+    JSON list of strings, as vLLM reads these options (`--allowed-origins '["https://app.example.com"]'`), gives its
+    items."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        items = list(getattr(namespace, self.dest, None) or [])  # (absent: a vLLM option's default is SUPPRESS)
+        for value in values:
+            listed = _json_or_text(value) if value.lstrip().startswith("[") else None
+            is_list = isinstance(listed, list) and all(isinstance(item, str) for item in listed)
+            items += listed if is_list else [value]
+        setattr(namespace, self.dest, items)
+
+
 def _flag_typed(args: argparse.Namespace, dest: str) -> str:
     """The flag of `dest` as the command line spelled it (its first spelling if not given, or stored plainly)."""
     return getattr(args, f"{dest}_flag", None) or f"--{dest.replace('_', '-')}"
@@ -1384,8 +1399,8 @@ _VLLM_SERVING_OPTIONS: dict[str, dict[str, Any]] = {
     "--enable-prompt-tokens-details": {"action": "store_true"},
     "--enable-log-requests": {"action": "store_true"},
     "--response-role": {"metavar": "ROLE"},
-    "--allowed-methods": {"nargs": "+", "action": "extend", "metavar": "METHOD"},
-    "--allowed-headers": {"nargs": "+", "action": "extend", "metavar": "HEADER"},
+    "--allowed-methods": {"nargs": "+", "action": _ExtendTakingVllmsJsonList, "metavar": "METHOD"},
+    "--allowed-headers": {"nargs": "+", "action": _ExtendTakingVllmsJsonList, "metavar": "HEADER"},
     "--allow-credentials": {"action": "store_true"},
     "--return-tokens-as-token-ids": {"action": "store_true"},
     "--chat-template-content-format": {"metavar": "FORMAT"},
@@ -1696,9 +1711,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--require-cache-salt", action="store_true",
                        help="refuse requests without a cache_salt (only requests with the same salt share "
                             "cached prompt blocks)")
-    serve.add_argument("--allowed-origins", nargs="+", action="extend", default=[], metavar="ORIGIN",
-                       help="web origins (e.g. https://app.example.com, or *) whose pages may call the API from a "
-                            "browser (CORS; default: none)")
+    serve.add_argument("--allowed-origins", nargs="+", action=_ExtendTakingVllmsJsonList, default=[],
+                       metavar="ORIGIN", help="web origins (e.g. https://app.example.com, or *) whose pages may call "
+                       "the API from a browser (CORS; default: none); vLLM's one JSON list is taken too")
     serve.add_argument("--metrics-require-api-key", action="store_true",
                        help="require the API key on /metrics too (default: /metrics is open)")
     serve.add_argument("--allow-control-tokens-in-content", action="store_true",

@@ -1229,6 +1229,26 @@ def test_a_cors_option_given_twice_keeps_the_values_of_both(flag, dest):
     assert getattr(args, dest) == ["a", "b", "c"]
 
 
+def test_vllms_cors_options_as_vllm_spells_them_one_json_list_each_are_taken():
+    """vLLM reads --allowed-origins, --allowed-methods and --allowed-headers as one JSON list each (`vllm serve ...
+    --allowed-origins '["https://app.example.com"]' --allowed-headers '["*"]'`): Glimmer took the list as one origin,
+    and refused it as "not a web origin" (the headers and methods as values that would change something), so the
+    `vllm serve` command line did not run as written."""
+    from glimmer.cli import _VLLM_SERVING_OPTIONS, _check_serve_options, _check_vllm_options
+    from glimmer.engine.vllm_arguments import VLLM_SERVING_ARGUMENTS
+
+    args = build_parser().parse_args([
+        "serve", "model", "--allowed-origins", '["https://app.example.com", "http://localhost:3000"]',
+        "--allowed-methods", '["*"]', "--allowed-headers", '["*"]'])
+    assert args.allowed_origins == ["https://app.example.com", "http://localhost:3000"]
+    _check_serve_options(args)
+    notes = _check_vllm_options(args, _VLLM_SERVING_OPTIONS, VLLM_SERVING_ARGUMENTS)
+    assert [note.split(" changes nothing here: ")[0] for note in notes] == ["vLLM's --allowed-methods *",
+                                                                            "vLLM's --allowed-headers *"]
+    mixed = build_parser().parse_args(["serve", "model", "--allowed-origins", '["*"]', "https://app.example.com"])
+    assert mixed.allowed_origins == ["*", "https://app.example.com"]
+
+
 def test_a_busy_port_is_reported_before_the_model_loads(capsys, tmp_path):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
