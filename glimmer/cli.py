@@ -1532,10 +1532,10 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
                         help="token budget of one step, each decoding sequence taking one (at least "
                              "--max-num-seqs where both are given); longer prompts are prefilled in chunks (default "
                              "8192 on CUDA, 2048 on the CPU)")
-    parser.add_argument("--kv-cache-memory", "--kv-cache-memory-bytes", type=parse_size, default=None,
+    parser.add_argument("--kv-cache-memory", "--kv-cache-memory-bytes", type=kv_cache_size, default=None,
                         metavar="SIZE", action=_StoreNamingTheFlag,
                         help="KV cache size, e.g. 8GiB, 512MiB or a number of bytes (vLLM's --kv-cache-memory-bytes "
-                             "is the same option) (default: on a GPU, what "
+                             "is the same option, taking its 8G, 8 GiB, and 8g, 8 GB) (default: on a GPU, what "
                              "--gpu-memory-utilization leaves after the weights; on the CPU, what --max-num-seqs "
                              "sequences of --max-model-len tokens need, 2 GiB at most)")
     parser.add_argument("--block-size", type=int, default=None, metavar="N",
@@ -1646,6 +1646,21 @@ def parse_size(text: str) -> int:
         return engine_parse_size(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def kv_cache_size(text: str) -> int:
+    """--kv-cache-memory's bytes: a size as parse_size reads it ('8GiB', '512MB'), or a number as vLLM reads its
+    --kv-cache-memory-bytes, as it reads --max-model-len (token_count: '8G' is 8 GiB, '8g' 8 GB, '16k' 16,000)."""
+    try:
+        return parse_size(text)
+    except argparse.ArgumentTypeError:
+        if not re.fullmatch(r"\s*[0-9]+(\.[0-9]+)?[kKmMgG]\s*", text):
+            raise
+        try:
+            return token_count(text)
+        except argparse.ArgumentTypeError:  # worded for tokens: '1.5G', a fraction with a binary suffix
+            raise argparse.ArgumentTypeError(f"{text!r} is not a size: vLLM's binary suffixes (K, M, G) take a whole "
+                                             "number; use e.g. 1536M, 1.5GiB or 1.5g (1.5 GB)") from None
 
 
 def _add_log_level(parser: argparse.ArgumentParser, default: str | None) -> None:

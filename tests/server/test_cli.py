@@ -1346,6 +1346,16 @@ def test_token_counts_take_vllms_suffixes(flag, dest, text, tokens):
     assert getattr(build_parser().parse_args(["serve", flag, text]), dest) == tokens
 
 
+@pytest.mark.parametrize("flag", ["--kv-cache-memory-bytes", "--kv-cache-memory"])
+@pytest.mark.parametrize(("text", "size"), [("8G", 8 << 30), ("8g", 8 * 10**9), ("512M", 512 << 20),
+                                            ("1.5g", 15 * 10**8), ("16k", 16_000), ("8GiB", 8 << 30),
+                                            ("8GB", 8 * 10**9), ("4096", 4096)])
+def test_a_kv_cache_size_takes_vllms_suffixes(flag, text, size):
+    """vLLM reads --kv-cache-memory-bytes as it reads --max-model-len (human_readable_int: 8G is 8 GiB, 8g 8 GB):
+    `vllm serve MODEL --kv-cache-memory-bytes 8G` was refused, "'8G' is not a size"."""
+    assert build_parser().parse_args(["serve", flag, text]).kv_cache_memory == size
+
+
 @pytest.mark.parametrize("flag", ["--kv-cache-memory", "--kv-cache-memory-bytes"])
 def test_a_kv_cache_size_refused_is_named_by_the_flag_typed(capsys, tmp_path, tiny_checkpoint, flag):
     """vLLM's --kv-cache-memory-bytes is --kv-cache-memory: its errors named --kv-cache-memory, a flag the user had
