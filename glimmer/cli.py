@@ -550,6 +550,7 @@ def _run_batch_file(args: argparse.Namespace, lines: list[Any], sigterm: Sigterm
         settings = ServerSettings(
             served_model_names=names, max_request_bytes=sys.maxsize,  # a line is no upload to limit
             default_reasoning_strength=args.default_reasoning_strength,
+            trust_request_chat_template=args.trust_request_chat_template,
             media_policy=_media_policy(args), **_media_counts(args))
         app = create_app(engine, settings)
         # twice the batch the engine runs keeps it full as requests finish; those beyond it wait in its queue,
@@ -1819,6 +1820,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_media_size_and_time_limits(batch)
     batch.add_argument("--default-reasoning-strength", choices=["low", "medium", "high", "xhigh"], default=None,
                        help="when a request names none (default: the template's own, high)")
+    batch.add_argument("--trust-request-chat-template", action="store_true",
+                       help="render a line's own Jinja chat_template, as serve's flag does (default: such a line gets "
+                            "HTTP 400, whose message names this flag)")
     batch.add_argument("--limit-mm-per-prompt", type=_limit_mm_per_prompt, default=None, metavar="JSON",
                        help='the most images and videos a request may hold, as vLLM\'s: \'{"image": 4, "video": 1}\' '
                             '(or image=4,video=1; default 16 images, 2 videos); more get HTTP 400')

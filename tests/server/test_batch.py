@@ -18,6 +18,7 @@ import pytest
 from server_support import live_server
 
 from glimmer.cli import main
+from glimmer.engine.tokenizer import Tokenizer
 from glimmer.server.batch import parse_batch_input, run_batch
 
 CITY_TOOL = {"type": "function", "function": {
@@ -550,3 +551,27 @@ def test_no_model_with_dummy_weights_does_not_claim_the_trained_demo(capsys, tmp
     note = next(line for line in err.splitlines() if line.startswith("No MODEL given"))
     assert "random weights (--load-format dummy)" in note and "leave out --load-format dummy" in note, note
     assert "calls tools like those it was trained on" not in note
+
+
+def test_run_batch_renders_a_lines_own_chat_template_under_trust_request_chat_template(tiny_checkpoint, tmp_path):
+    """A line with its own `chat_template` is a 400 naming --trust-request-chat-template, as on serve; run-batch
+    refused that flag as an unrecognized argument, so the fix the record named could not be applied."""
+    template = ("{{ bos_token }}{% for m in messages %}<|start|>{{ m.role }}<|message|>{{ m.content }}<|eot|>"
+                "{% endfor %}{% if add_generation_prompt %}<|start|>assistant{% endif %}")
+    source = tmp_path / "requests.jsonl"
+    source.write_text(_line("own", "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "chat_template": template}) + "\n")
+    records = {}
+    for trusted in (False, True):
+        out = tmp_path / f"results-{trusted}.jsonl"
+        flags = ["--trust-request-chat-template"] * trusted
+        assert main(["run-batch", str(tiny_checkpoint), "-i", str(source), "-o", str(out), "--max-model-len", "2048",
+                     *flags]) == 0
+        (records[trusted],) = [json.loads(line) for line in out.read_text().splitlines()]
+    refused = records[False]["error"]["error"]
+    assert refused["param"] == "chat_template" and "--trust-request-chat-template" in refused["message"]
+    answered = records[True]["response"]
+    # the line's template rendered the prompt (the model's own would have added its system block)
+    rendered = "<|begin_of_text|><|start|>user<|message|>hi<|eot|><|start|>assistant"
+    assert answered["status_code"] == 200
+    assert answered["body"]["usage"]["prompt_tokens"] == len(Tokenizer.from_dir(tiny_checkpoint).encode(rendered))
