@@ -466,7 +466,9 @@ def _text_of(content: Any, field: str, accepted: str = "text parts", refusal: bo
         return content or ""
     if isinstance(content, list):
         return "".join(_part_text(part, f"{field}[{j}]", accepted, refusal) for j, part in enumerate(content))
-    raise RequestError(f"{field}: must be a string or a list of text parts", param=field)
+    # `accepted` names the parts taken there: a function_call_output's output takes input_image parts too
+    raise RequestError(f"{field}: must be a string or a list of {accepted}, not {type(content).__name__}",
+                       param=field)
 
 
 def _content(content: Any, where: str) -> str | list[dict[str, Any]]:

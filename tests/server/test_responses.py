@@ -530,6 +530,18 @@ def test_a_function_call_output_without_its_output_is_refused_as_chat_refuses_th
     assert empty[-1] == {"role": "tool", "tool_call_id": "cP", "content": ""}
 
 
+@pytest.mark.parametrize("output", [{"temp": 21}, 21])
+def test_a_function_call_output_of_another_type_is_refused_naming_the_parts_it_takes(output):
+    """It was refused as "must be a string or a list of text parts", where input_image parts are taken there too
+    (chat's tool message takes images the same way), so the error told a client its image result could not be sent."""
+    answer = {**OUTPUT_P, "output": output}
+    with pytest.raises(RequestError) as refused:
+        chat_messages([{"role": "user", "content": "[weather]"}, CALL_P, answer], None)
+    assert refused.value.param == "input[2].output"
+    assert str(refused.value) == ("input[2].output: must be a string or a list of text and input_image parts, not "
+                                  f"{type(output).__name__}")
+
+
 @pytest.mark.parametrize("item", [{}, {"type": "message", "content": "hi"}, {"content": "hi", "role": None}])
 def test_a_message_item_without_a_role_is_refused_asking_for_one(item):
     """It was refused with "input[1].role: None is not one of user, ...": Python's word, a value no client sent."""
