@@ -499,6 +499,7 @@ class AsyncEngine:
         """Hand each delta to its caller's queue: one wake-up per event loop per step, not one per delta."""
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, StepDelta]]] = {}
         now = time.time()
+        timed: set[int] = set()  # the clocks given a gap by this step: a verification's run is several deltas
         for delta in deltas:
             listener = self._listeners.get(delta.request_id)
             if listener is None or listener.counted:
@@ -514,8 +515,9 @@ class AsyncEngine:
             if clock is not None:
                 clock.first_scheduled_time = delta.first_scheduled_time or clock.first_scheduled_time
                 if delta.token_ids:
-                    if clock.last_token_time is not None:
+                    if clock.last_token_time is not None and id(clock) not in timed:
                         _notify(self._token_gap_callbacks, now - clock.last_token_time, "a gap between tokens")
+                    timed.add(id(clock))
                     clock.tokens += len(delta.token_ids)
                     clock.first_token_time = clock.first_token_time or now
                     clock.last_token_time = now

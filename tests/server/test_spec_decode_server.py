@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 
@@ -10,8 +11,10 @@ import openai
 import pytest
 from server_support import PINNED_DATE, live_server
 
+from glimmer import SamplingParams
 from glimmer.engine.async_engine import AsyncEngine
 from glimmer.engine.llm_engine import EngineConfig
+from glimmer.engine.proposers import ReplayProposer, cycling_acceptance
 from glimmer.server.metrics import ServerMetrics
 from glimmer.tiny import TinyDrafterSpec, write_tiny_drafter
 
@@ -72,6 +75,43 @@ def test_a_scrape_reads_the_spec_decode_counters_of_one_moment(make_tiny, drafte
     assert samples["glimmer_spec_decode_acceptance_length_sum"] == 2
     for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):  # under vLLM's names, for its dashboards
         assert samples[f"vllm:spec_decode_{name}_total"] == samples[f"glimmer_spec_decode_{name}_total"]
+
+
+def test_inter_token_latency_is_one_gap_per_step_however_many_tokens_its_verification_gave(make_tiny, drafter):
+    """A verification that accepts proposals gives its completion several tokens in one step, each a delta of its
+    own: every one after the first was observed as a gap of 0 s, so inter-token latency counted tokens, not steps,
+    and its quantiles fell with the acceptance. vLLM observes one gap per request and step (IterationStats), as
+    `on_token_gap` says."""
+    config = {"method": "dflash", "model": str(drafter), "num_speculative_tokens": 4, "draft_policy": "always"}
+    engine = AsyncEngine(EngineConfig(str(make_tiny()), progress=False, kv_cache_memory=8 << 20,
+                                      speculative_config=config))
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+
+    async def tokens(request_id: str) -> list[int]:
+        return [t for delta in [d async for d in engine.generate(request_id, [5, 77, 130, 42], params)]
+                for t in delta.token_ids]
+
+    try:
+        known = asyncio.run(tokens("first"))
+        speculator, inner = engine.engine.speculator, engine.engine.speculator.proposer
+        speculator.proposer = ReplayProposer(lambda seq: known, cycling_acceptance(4),
+                                             engine.engine.model_config.text.vocab_size, 4, inner=inner)
+        steps_with_tokens = []
+        step = engine.engine.step
+
+        def counted_step():
+            deltas = step()
+            steps_with_tokens.extend({d.request_id for d in deltas if d.token_ids} & {"second"})
+            return deltas
+
+        engine.engine.step = counted_step
+        gaps = []
+        engine.on_token_gap(gaps.append)
+        assert asyncio.run(tokens("second")) == known
+    finally:
+        engine.shutdown()
+    assert len(steps_with_tokens) < len(known) - 10  # the verifications accepted runs of proposals
+    assert len(gaps) == len(steps_with_tokens) - 1
 
 
 def test_serve_refuses_a_bad_speculative_config_before_starting(make_tiny):
