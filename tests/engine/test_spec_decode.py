@@ -765,10 +765,12 @@ def test_a_native_drafter_without_a_config_is_said_to_take_the_released_sizes_on
     native = write_tiny_drafter(tmp_path / "native", target, seed=5, layout="native", spec=TinyDrafterSpec())
     (Path(native) / "config.json").unlink(missing_ok=True)
     with caplog.at_level(logging.INFO, logger="glimmer"):
-        with pytest.raises(ConfigError):  # the tiny drafter is not the released geometry; said once before that
+        # the tiny drafter is not the released geometry: refused as its config is first read, before anything loads
+        with pytest.raises(ConfigError, match=r"\(no config\.json beside .*: the released drafter's sizes were "
+                                              r"assumed; put the drafter's config\.json beside it\)$"):
             LLMEngine(EngineConfig(str(target), progress=False, speculative_config=speculative(native)))
     said = [r.getMessage() for r in caplog.records if "has no config.json" in r.getMessage()]
-    assert len(said) == 1
+    assert said == []  # said once, in the refusal
 
 # --- resources, configuration and interface --------------------------------------------------------------
 
@@ -979,6 +981,21 @@ def test_more_speculative_tokens_than_the_drafter_proposes_are_refused_before_th
     with pytest.raises(ConfigError, match=r"^speculative_config\.num_speculative_tokens=8 exceeds what the drafter "
                                           r"proposes per step: its block_size is 6, so at most 5$"):
         LLM(str(target), progress=False, speculative_config=speculative(drafter, num_speculative_tokens=8))
+
+
+def test_a_drafter_that_does_not_fit_the_target_is_refused_before_the_target_loads(target, monkeypatch):
+    """The drafter of another model (glimmer-nano's, hidden size 256, beside the tiny target's 64) was refused with
+    the numbers only once the target's weights had loaded (minutes for the 30B); its config and the target's hold
+    them before."""
+    import glimmer.engine.llm_engine
+
+    def load_model(*args, **kwargs):
+        pytest.fail("the target's weights were loaded")
+
+    monkeypatch.setattr(glimmer.engine.llm_engine, "load_model", load_model)
+    with pytest.raises(ConfigError, match=r"glimmer-nano-dflash: the drafter does not fit the target model: "
+                                          r"hidden_size=256 but the target's hidden_size is 64"):
+        LLM(str(target), progress=False, speculative_config={"method": "dflash", "model": "glimmer-nano-dflash"})
 
 
 def test_a_token_budget_below_the_given_num_speculative_tokens_is_refused_before_the_model_is_looked_for():
