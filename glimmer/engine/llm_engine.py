@@ -341,11 +341,14 @@ class LLMEngine:
         if config.speculative_config is not None:
             spec_config = SpeculativeConfig.parse(config.speculative_config)
             # from the drafter's config alone, before the target's weights load (minutes for the 30B): a drafter
-            # of another model, or a num_speculative_tokens its block cannot hold, is refused at once
+            # of another model, a num_speculative_tokens its block cannot hold, or a token budget that cannot verify
+            # what it proposes, is refused at once
             drafter = open_drafter_checkpoint(self._drafter_location(spec_config, weights=False),
                                               mask_token_id=self._mask_token_id, weights=False)
             drafter.check_fits(self.checkpoint.config.text)
             self.num_speculative_tokens = spec_config.proposed_tokens(drafter.config)
+            if config.max_num_batched_tokens is not None:  # one given (the default's is checked as the drafter loads)
+                check_verification_budget(config.max_num_batched_tokens, self.num_speculative_tokens)
         mark_model_started()  # what follows starts the model's threads: forks of this process refuse engines
         if self.device.type == "cpu":  # before loading and the CPU path's timings, which the thread count changes
             fit_threads_to_cpu_quota()

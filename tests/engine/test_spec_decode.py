@@ -998,6 +998,22 @@ def test_a_drafter_that_does_not_fit_the_target_is_refused_before_the_target_loa
         LLM(str(target), progress=False, speculative_config={"method": "dflash", "model": "glimmer-nano-dflash"})
 
 
+def test_a_token_budget_below_the_drafters_own_proposals_is_refused_before_the_target_loads(target, drafter,
+                                                                                           monkeypatch):
+    """Without num_speculative_tokens a step proposes what the drafter's block holds, which its config (read before
+    the target's weights) says: a max_num_batched_tokens that cannot verify them was refused only once the target and
+    the drafter had loaded (minutes for the 30B)."""
+    import glimmer.engine.llm_engine
+
+    def load_model(*args, **kwargs):
+        pytest.fail("the target's weights were loaded")
+
+    monkeypatch.setattr(glimmer.engine.llm_engine, "load_model", load_model)
+    with pytest.raises(ConfigError, match=r"^max_num_batched_tokens=4 cannot hold one sequence's verification step "
+                                          r"\(1 \+ num_speculative_tokens = 6 tokens\)"):
+        LLM(str(target), progress=False, max_num_batched_tokens=4, speculative_config=speculative(drafter))
+
+
 def test_a_token_budget_below_the_given_num_speculative_tokens_is_refused_before_the_model_is_looked_for():
     """It was refused only once the target and the drafter had loaded (minutes for the 30B)."""
     with pytest.raises(ConfigError, match=r"^max_num_batched_tokens=8 cannot hold one sequence's verification step "
