@@ -343,3 +343,21 @@ def test_new_chat_while_a_reply_streams_stops_it_and_starts_empty(server, browse
     assert browser.execute_script("return state.history") == []
     assert _send(browser, "[greet] Hi").find_element(By.CSS_SELECTOR, ".content").text == "Hello there!"
     assert "word" not in server.engine.engine.runner.prompts[-1]
+
+
+def test_enter_that_ends_an_input_method_composition_sends_nothing(server, browser):
+    """Enter that picks a Chinese or Japanese input method's candidate ends the composition (isComposing; Safari
+    says keyCode 229 instead): it sent the half-typed message. The text stays in the composer."""
+    _open_with_key(browser, server)
+    browser.find_element(By.ID, "reset").click()
+    for composing in ("isComposing: true", "keyCode: 229"):
+        sent = browser.execute_script(f"""
+            const prompt = document.getElementById('prompt');
+            prompt.value = '[greet] 你好';
+            prompt.dispatchEvent(new KeyboardEvent('keydown',
+              {{key: 'Enter', {composing}, bubbles: true, cancelable: true}}));
+            return [prompt.value, document.querySelectorAll('.turn.user').length];""")
+        assert sent == ["[greet] 你好", 0], composing
+    # Enter outside a composition still sends
+    browser.find_element(By.ID, "prompt").send_keys("\n")
+    assert _last_assistant_turn(browser).find_element(By.CSS_SELECTOR, ".content").text == "Hello there!"

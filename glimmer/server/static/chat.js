@@ -283,6 +283,9 @@ $("stop").addEventListener("click", () => {
 });
 
 $("prompt").addEventListener("keydown", (event) => {
+  // Enter that ends an input method's composition (picking a Chinese or Japanese candidate) is the method's, not a
+  // send; Safari marks that keydown by keyCode 229 alone
+  if (event.isComposing || event.keyCode === 229) return;
   if (event.key === "Enter" && !event.shiftKey) {
     event.preventDefault();
     $("composer").requestSubmit();
