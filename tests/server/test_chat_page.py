@@ -361,3 +361,34 @@ def test_enter_that_ends_an_input_method_composition_sends_nothing(server, brows
     # Enter outside a composition still sends
     browser.find_element(By.ID, "prompt").send_keys("\n")
     assert _last_assistant_turn(browser).find_element(By.CSS_SELECTOR, ".content").text == "Hello there!"
+
+
+def test_a_refused_message_goes_back_to_the_composer(server, browser, tmp_path):
+    """A message the page could not send (tools that are no JSON) or the server refused (an attachment that is no
+    image: a 400) stayed on the page as sent, though it is not in the conversation, and its text was gone: it had to
+    be typed again, and then showed twice. It leaves the page and is back in the composer, to send again."""
+    _open_with_key(browser, server)
+    browser.find_element(By.ID, "reset").click()
+    if not browser.find_element(By.ID, "tools").is_displayed():
+        browser.find_element(By.CSS_SELECTOR, "#settings summary").click()
+    browser.find_element(By.ID, "tools").clear()
+    browser.find_element(By.ID, "tools").send_keys("[not json")
+    browser.find_element(By.ID, "prompt").send_keys("[greet] Hi\n")
+    _wait(browser, lambda: browser.find_element(By.ID, "error").text.startswith("Tools are not valid JSON"))
+    assert not browser.find_elements(By.CSS_SELECTOR, ".turn.user")
+    assert browser.find_element(By.ID, "prompt").get_attribute("value") == "[greet] Hi"
+    browser.find_element(By.ID, "tools").clear()
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not an image")
+    browser.find_element(By.ID, "image").send_keys(str(notes))
+    _wait(browser, lambda: "1 image" in browser.find_element(By.ID, "attachments").text)
+    browser.find_element(By.ID, "send").click()
+    _wait(browser, lambda: "not an image format" in browser.find_element(By.ID, "error").text)
+    assert not browser.find_elements(By.CSS_SELECTOR, ".turn.user")
+    assert browser.find_element(By.ID, "prompt").get_attribute("value") == "[greet] Hi"
+    assert browser.execute_script("return state.history") == []
+
+    browser.find_element(By.ID, "send").click()  # sent again, without the file
+    assert _last_assistant_turn(browser).find_element(By.CSS_SELECTOR, ".content").text == "Hello there!"
+    assert [turn.text for turn in browser.find_elements(By.CSS_SELECTOR, ".turn.user")] == ["[greet] Hi"]

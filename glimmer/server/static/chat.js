@@ -61,6 +61,7 @@ function addUserTurn(text, images) {
   }
   turn.append(document.createTextNode(text));
   $("log").append(turn);
+  return turn;
 }
 
 function callLabel(call) {
@@ -166,11 +167,18 @@ async function send(text) {
   const content = state.images.length
     ? [...state.images.map((url) => ({ type: "image_url", image_url: { url } })), { type: "text", text }]
     : text;
-  addUserTurn(text, state.images);
-  state.history.push({ role: "user", content });
+  const turn = addUserTurn(text, state.images);
+  const history = state.history;
+  history.push({ role: "user", content });
   state.images = [];
   $("attachments").textContent = "";
-  if (!(await reply())) state.history.pop();
+  // refused: the message is not in the conversation; its text is back in the composer to send again (its images,
+  // which a refusal may name, are not: attach them again)
+  if (!(await reply()) && history === state.history) {
+    history.pop();
+    turn.remove();
+    if (!$("prompt").value) $("prompt").value = text;
+  }
 }
 
 // The text is the result of the first call waiting for one; once each call has its result, the model replies.
