@@ -392,3 +392,19 @@ def test_a_refused_message_goes_back_to_the_composer(server, browser, tmp_path):
     browser.find_element(By.ID, "send").click()  # sent again, without the file
     assert _last_assistant_turn(browser).find_element(By.CSS_SELECTOR, ".content").text == "Hello there!"
     assert [turn.text for turn in browser.find_elements(By.CSS_SELECTOR, ".turn.user")] == ["[greet] Hi"]
+
+
+def test_a_key_accepted_after_a_refused_one_clears_the_refusal(server, browser):
+    """A wrong key, then the right one: the page said "That API key was refused." beside the model it had connected
+    to, as though the right key were refused too."""
+    browser.get(server.url + "/")
+    browser.execute_script("sessionStorage.clear()")
+    browser.get(server.url + "/")
+    _wait(browser, lambda: browser.find_element(By.ID, "key-form").is_displayed())
+    browser.find_element(By.ID, "key").send_keys("wrong-key\n")
+    _wait(browser, lambda: browser.find_element(By.ID, "error").text == "That API key was refused.")
+    browser.find_element(By.ID, "key").clear()
+    browser.find_element(By.ID, "key").send_keys(KEY + "\n")
+    _wait(browser, lambda: browser.find_element(By.ID, "model").text == "tiny")
+    assert not browser.find_element(By.ID, "key-form").is_displayed()
+    assert not browser.find_element(By.ID, "error").is_displayed()

@@ -34,6 +34,7 @@ async function connect() {
     return;
   }
   $("key-form").hidden = true;
+  showError("");  // a key refused before this one
   if (!response.ok) {  // a proxy's 502, say: its body may be a page of HTML
     const error = await response.json().catch(() => ({}));
     showError(`The server answered HTTP ${response.status} for its models: ${
