@@ -8,6 +8,7 @@ sends.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import shutil
 from collections.abc import Iterator
@@ -408,3 +409,35 @@ def test_a_key_accepted_after_a_refused_one_clears_the_refusal(server, browser):
     _wait(browser, lambda: browser.find_element(By.ID, "model").text == "tiny")
     assert not browser.find_element(By.ID, "key-form").is_displayed()
     assert not browser.find_element(By.ID, "error").is_displayed()
+
+
+def test_images_go_in_the_order_attached_with_the_message_sent_while_they_are_read(server, browser, tmp_path):
+    """Images are read after they are picked: a message sent before the reads ended went without them (they went
+    with the next message), and several images went in the order their reads ended, not the order picked."""
+    _open_with_key(browser, server)
+    browser.find_element(By.ID, "reset").click()
+    paths = [tmp_path / "red.png", tmp_path / "blue.png"]
+    for path, colour in zip(paths, [(200, 30, 30), (30, 30, 200)], strict=True):
+        Image.new("RGB", (64, 64), colour).save(path)
+    urls = ["data:image/png;base64," + base64.b64encode(path.read_bytes()).decode() for path in paths]
+    # each read ends when the test says so
+    browser.execute_script("""
+        window.endRead = [];
+        const Reader = FileReader;
+        window.FileReader = class {
+          readAsDataURL(file) {
+            const reader = new Reader();
+            reader.onload = () => window.endRead.push(() => { this.result = reader.result; this.onload(); });
+            reader.readAsDataURL(file);
+          }
+        };""")
+    browser.find_element(By.ID, "image").send_keys("\n".join(str(path) for path in paths))
+    _wait(browser, lambda: browser.execute_script("return window.endRead.length") == 2)
+    browser.find_element(By.ID, "prompt").send_keys("[greet] What are these?\n")
+    browser.execute_script("window.endRead[1](); window.endRead[0]();")  # the second picked is read first
+    _last_assistant_turn(browser)
+    content = browser.execute_script("return state.history")[0]["content"]
+    assert [part["image_url"]["url"] for part in content[:2]] == urls
+    assert len(browser.find_elements(By.CSS_SELECTOR, ".turn.user img")) == 2
+    assert server.engine.engine.runner.prompts[-1].count("<|image_start|>") == 2
+    assert not browser.find_element(By.ID, "attachments").text

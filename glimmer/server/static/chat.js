@@ -9,6 +9,7 @@ const $ = (id) => document.getElementById(id);
 // --require-cache-salt. (crypto.getRandomValues, unlike randomUUID, also works on a plain-http page.)
 const cacheSalt = Array.from(crypto.getRandomValues(new Uint8Array(16)), (b) => b.toString(16).padStart(2, "0"))
   .join("");
+// images: the next message's attachments, a promise of its data URL each.
 // pendingCalls: the tool calls of the last reply still waiting for their results, which the composer takes one by one
 // (the conversation goes on only once each call is answered, as OpenAI requires); answeredCalls: those answered since.
 const state = { model: null, key: sessionStorage.getItem("glimmer-api-key") || "", history: [], images: [],
@@ -165,14 +166,16 @@ async function send(text) {
     await answerCall(text);
     return;
   }
-  const content = state.images.length
-    ? [...state.images.map((url) => ({ type: "image_url", image_url: { url } })), { type: "text", text }]
-    : text;
-  const turn = addUserTurn(text, state.images);
-  const history = state.history;
-  history.push({ role: "user", content });
+  const reads = state.images;
   state.images = [];
   $("attachments").textContent = "";
+  const images = await Promise.all(reads);  // each read to its end, in the order attached
+  const content = images.length
+    ? [...images.map((url) => ({ type: "image_url", image_url: { url } })), { type: "text", text }]
+    : text;
+  const turn = addUserTurn(text, images);
+  const history = state.history;
+  history.push({ role: "user", content });
   // refused: the message is not in the conversation; its text is back in the composer to send again (its images,
   // which a refusal may name, are not: attach them again)
   if (!(await reply()) && history === state.history) {
@@ -302,14 +305,16 @@ $("prompt").addEventListener("keydown", (event) => {
 });
 
 $("image").addEventListener("change", () => {
+  // an image is a promise of its data URL: a message sent while it is read waits for it, and images keep their order
   for (const file of $("image").files) {
-    const reader = new FileReader();
-    reader.onload = () => {
-      state.images.push(reader.result);
-      $("attachments").textContent = `${state.images.length} image(s) attached`;
-    };
-    reader.readAsDataURL(file);
+    state.images.push(new Promise((resolve, reject) => {
+      const reader = new FileReader();
+      reader.onload = () => resolve(reader.result);
+      reader.onerror = () => reject(reader.error);
+      reader.readAsDataURL(file);
+    }));
   }
+  $("attachments").textContent = `${state.images.length} image(s) attached`;
   $("image").value = "";
 });
 
