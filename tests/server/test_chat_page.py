@@ -28,6 +28,7 @@ if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
                 allow_module_level=True)
 webdriver = pytest.importorskip("selenium.webdriver")
 from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 KEY = "page-test-key"
@@ -441,3 +442,28 @@ def test_images_go_in_the_order_attached_with_the_message_sent_while_they_are_re
     assert len(browser.find_elements(By.CSS_SELECTOR, ".turn.user img")) == 2
     assert server.engine.engine.runner.prompts[-1].count("<|image_start|>") == 2
     assert not browser.find_element(By.ID, "attachments").text
+
+
+def test_a_refused_call_result_goes_back_to_the_composer(server, browser):
+    """The reply to a call's result refused (here tools that are no JSON; a result past the context is a 400): the
+    result stayed on the page as given while the composer asked for it again, so it then showed twice. It leaves the
+    page and is back in the composer."""
+    _open_with_key(browser, server)
+    browser.find_element(By.ID, "reset").click()
+    if not browser.find_element(By.ID, "tools").is_displayed():
+        browser.find_element(By.CSS_SELECTOR, "#settings summary").click()
+    tools = browser.find_element(By.ID, "tools")
+    tools.clear()
+    tools.send_keys(TOOLS_JSON)
+    assert _send(browser, "[weather] Weather in Paris?").find_elements(By.CSS_SELECTOR, ".tool-call")
+    tools.send_keys("]")
+    browser.find_element(By.ID, "prompt").send_keys("Sunny [sunny-result]\n")
+    _wait(browser, lambda: browser.find_element(By.ID, "error").text.startswith("Tools are not valid JSON"))
+    assert not browser.find_elements(By.CSS_SELECTOR, ".turn.tool")
+    assert browser.find_element(By.ID, "prompt").get_attribute("value") == "Sunny [sunny-result]"
+    assert browser.find_element(By.ID, "prompt").get_attribute("placeholder").startswith("Result of get_weather")
+
+    tools.send_keys(Keys.BACKSPACE)
+    assert _send(browser, "").find_element(By.CSS_SELECTOR, ".content").text == "It is sunny in Paris."
+    assert len(browser.find_elements(By.CSS_SELECTOR, ".turn.tool")) == 1
+    tools.clear()

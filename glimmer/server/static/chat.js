@@ -192,8 +192,12 @@ async function answerCall(text) {
   $("log").append(element("div", "turn tool", `${callLabel(call)} → ${text}`));
   state.history.push({ role: "tool", tool_call_id: call.id, content: text });
   if (!state.pendingCalls.length) {
-    if (!(await reply())) {  // as with a refused message, the results are to be sent again
-      state.history.splice(state.history.length - state.answeredCalls.length);
+    const history = state.history;
+    // as with a refused message, the results are to be sent again: they leave the page, the first back in the composer
+    if (!(await reply()) && history === state.history) {
+      const results = history.splice(history.length - state.answeredCalls.length);
+      for (const node of [...$("log").querySelectorAll(".turn.tool")].slice(-results.length)) node.remove();
+      if (!$("prompt").value) $("prompt").value = results[0].content;
       state.pendingCalls = state.answeredCalls;
     }
     state.answeredCalls = [];
