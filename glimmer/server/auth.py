@@ -30,8 +30,10 @@ def check_api_key(request: Request, api_key: str | tuple[str, ...] | None) -> No
                        code="invalid_api_key")
     # a key read from a secret file or variable may end in a newline, which no header can carry (and the token is
     # stripped): compared as it was, no client could ever be let in
-    sent_key = token.strip().encode()
-    # every key is compared, so the time taken tells nothing of which one came close
-    matches = [hmac.compare_digest(sent_key, key.strip().encode()) for key in keys]
+    # a header arrives as Latin-1: a key outside ASCII sent as UTF-8 (curl) is its bytes as they came, one sent as
+    # Latin-1 (a browser's fetch, `requests`) the text they spell
+    sent_forms = (token.strip().encode("latin-1"), token.strip().encode())
+    # every key is compared in both forms, so the time taken tells nothing of which one came close
+    matches = [hmac.compare_digest(sent, key.strip().encode()) for key in keys for sent in sent_forms]
     if not any(matches):
         raise APIError(401, "incorrect API key", code="invalid_api_key")

@@ -121,14 +121,24 @@ class ServerSettings:
         return self.served_model_names[0]
 
 
-UNSENDABLE_KEY = ("holds a character outside printable ASCII, which no client can send as `Authorization: Bearer "
-                  "KEY` (the openai SDK refuses it; curl's UTF-8 bytes are read as Latin-1, the header's encoding), so "
-                  "every request would be 401 'incorrect API key'; use a key of printable ASCII characters")
+UNSENDABLE_KEY = ("holds a control character, which no HTTP header can carry (RFC 9110 §5.5), so every request would "
+                  "be 401 'incorrect API key'; use a key without one")
 
 
 def sendable_in_a_header(key: str) -> bool:
-    """Whether an HTTP client can send `key` in a header: printable ASCII (a tab inside too, RFC 9110 §5.5)."""
-    return all(" " <= char <= "~" or char == "\t" for char in key)
+    """Whether an HTTP client can send `key` in a header: no control character but a tab inside (RFC 9110 §5.5).
+    A key outside ASCII is sent as its UTF-8 bytes (curl) or, up to U+00FF, as Latin-1 (browsers, `requests`);
+    `check_api_key` takes either. The openai SDK sends ASCII alone (`ascii_only_clients_warning`)."""
+    return not any((char < " " and char != "\t") or char == "\x7f" for char in key)
+
+
+def ascii_only_clients_warning(keys: tuple[str, ...]) -> str | None:
+    """What to tell an operator whose key holds a character outside ASCII, which the openai SDK cannot send (its
+    HTTP client encodes header values as ASCII); None for keys of ASCII alone."""
+    if all(key.isascii() for key in keys):
+        return None
+    return ("an API key holds a character outside ASCII: curl (UTF-8) and browsers or `requests` (Latin-1, up to "
+            "U+00FF) can send it, the openai SDK cannot (it sends ASCII header values alone)")
 
 
 def api_keys(api_key: str | tuple[str, ...] | None) -> tuple[str, ...]:

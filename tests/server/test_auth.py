@@ -12,7 +12,12 @@ from glimmer.server.settings import ServerSettings
 
 
 def _request(*authorization: str) -> Request:
-    headers = [(b"authorization", value.encode()) for value in authorization]
+    return _raw_request(*(value.encode() for value in authorization))
+
+
+def _raw_request(*authorization: bytes) -> Request:
+    """A request whose Authorization headers are these bytes, as a client put them on the wire."""
+    headers = [(b"authorization", value) for value in authorization]
     return Request({"type": "http", "method": "GET", "path": "/v1/models", "headers": headers})
 
 
@@ -56,14 +61,26 @@ def test_no_keys_or_an_empty_one_among_them_is_refused_as_empty(keys):
         ServerSettings(served_model_names=("m",), api_key=keys)
 
 
-@pytest.mark.parametrize("keys", ["clé-secret", ("sk-old", "sk-\u200bnew"), "sk-\x00key"])
+@pytest.mark.parametrize("keys", ["sk-\x00secret", ("sk-old", "sk-\x7fnew"), "sk-\x1bsecret"])
 def test_a_key_no_client_can_send_is_refused_at_start_without_quoting_it(keys):
-    """A key outside printable ASCII started a server no client could use: the openai SDK refuses to send it, and
-    curl's UTF-8 bytes reached the check read as Latin-1 (the header's encoding), so every request was 401 'incorrect
-    API key' with nothing saying why."""
-    with pytest.raises(ConfigError, match="outside printable ASCII") as raised:
+    """A key holding a control character (a tab aside) starts a server no client could use: no HTTP header carries
+    one, so every request would be 401 'incorrect API key' with nothing saying why."""
+    with pytest.raises(ConfigError, match="holds a control character") as raised:
         ServerSettings(served_model_names=("m",), api_key=keys)
     assert "secret" not in str(raised.value) and "new" not in str(raised.value)
+
+
+@pytest.mark.parametrize("key", ["clé-secret", "sk-\u200bnew", "ключ"])
+def test_a_key_outside_ascii_lets_in_a_client_sending_it_as_utf8_or_as_latin1(key):
+    """A header arrives as Latin-1: curl sends such a key as its UTF-8 bytes, a browser's fetch and `requests` as
+    Latin-1 (up to U+00FF). This stop's first refusal of every key outside printable ASCII shut out the chat page and
+    `requests`, which the check had let in, where curl's UTF-8 was the client left out; it takes both now."""
+    ServerSettings(served_model_names=("m",), api_key=key)
+    check_api_key(_raw_request(b"Bearer " + key.encode()), key)
+    if all(ord(char) <= 0xFF for char in key):
+        check_api_key(_raw_request(b"Bearer " + key.encode("latin-1")), key)
+    with pytest.raises(APIError, match="incorrect API key"):
+        check_api_key(_raw_request(b"Bearer " + key.encode()[:-1]), key)
 
 
 def test_a_key_of_printable_ascii_with_inner_spaces_is_taken():
