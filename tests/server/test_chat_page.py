@@ -444,6 +444,29 @@ def test_images_go_in_the_order_attached_with_the_message_sent_while_they_are_re
     assert not browser.find_element(By.ID, "attachments").text
 
 
+def test_an_image_that_cannot_be_read_keeps_the_message_to_send_again(server, browser, tmp_path):
+    """A file that could not be read (moved or deleted after it was picked) failed the send after the composer was
+    emptied: the typed message was lost. Nothing is sent, the error says so and the text is back in the composer."""
+    _open_with_key(browser, server)
+    browser.find_element(By.ID, "reset").click()
+    path = tmp_path / "gone.png"
+    Image.new("RGB", (8, 8)).save(path)
+    browser.execute_script("""
+        window.FileReader = class {
+          readAsDataURL(file) {
+            this.error = new DOMException("the file was moved", "NotReadableError");
+            setTimeout(() => this.onerror(), 0);
+          }
+        };""")
+    browser.find_element(By.ID, "image").send_keys(str(path))
+    prompts = len(server.engine.engine.runner.prompts)
+    browser.find_element(By.ID, "prompt").send_keys("[greet] What is this?\n")
+    _wait(browser, lambda: browser.find_element(By.ID, "error").text.startswith("An attached image could not be read"))
+    assert browser.find_element(By.ID, "prompt").get_attribute("value") == "[greet] What is this?"
+    assert not browser.find_elements(By.CSS_SELECTOR, ".turn.user")
+    assert len(server.engine.engine.runner.prompts) == prompts and not browser.execute_script("return state.history")
+
+
 def test_a_refused_call_result_goes_back_to_the_composer(server, browser):
     """The reply to a call's result refused (here tools that are no JSON; a result past the context is a 400): the
     result stayed on the page as given while the composer asked for it again, so it then showed twice. It leaves the

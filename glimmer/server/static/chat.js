@@ -169,7 +169,15 @@ async function send(text) {
   const reads = state.images;
   state.images = [];
   $("attachments").textContent = "";
-  const images = await Promise.all(reads);  // each read to its end, in the order attached
+  let images;
+  try {
+    images = await Promise.all(reads);  // each read to its end, in the order attached
+  } catch (error) {
+    // a file that could not be read (moved or deleted since it was picked): nothing is sent, the text kept to send
+    showError(`An attached image could not be read (${error}); attach it again`);
+    if (!$("prompt").value) $("prompt").value = text;
+    return;
+  }
   const content = images.length
     ? [...images.map((url) => ({ type: "image_url", image_url: { url } })), { type: "text", text }]
     : text;
