@@ -68,6 +68,7 @@ class ResponseStore:
         self.max_age_s = max_age_s
         self._clock = clock
         self._entries: OrderedDict[str, StoredResponse] = OrderedDict()
+        self._output_items: dict[str, StoredResponse] = {}  # an output item's id: the newest response holding it
         self._size_bytes = 0
         self._generating: dict[str, Callable[[], dict[str, Any]]] = {}
         self._lock = threading.Lock()
@@ -91,7 +92,9 @@ class ResponseStore:
                 self._forget(replaced)
             if size + segment.size_bytes > self.max_bytes:
                 return
-            self._entries[response_id] = StoredResponse(response, segment, size, self._clock())
+            entry = StoredResponse(response, segment, size, self._clock())
+            self._entries[response_id] = entry
+            self._output_items.update((item["id"], entry) for item in response.get("output", ()) if item.get("id"))
             self._size_bytes += size
             self._hold(segment)
             while self._size_bytes > self.max_bytes:
@@ -122,16 +125,15 @@ class ResponseStore:
         return None if snapshot is None else snapshot()
 
     def output_item(self, item_id: str) -> dict[str, Any] | None:
-        """The output item of a stored response whose id is `item_id` (the newest response first), or None; an
-        expired response's items are forgotten with it."""
+        """The output item of a stored response whose id is `item_id` (the newest response holding it), or None; an
+        expired response's items are forgotten with it. A dict lookup: an agent client sends each earlier item as a
+        reference to it, and a store holds tens of thousands of responses."""
         with self._lock:
             self._evict_expired()
-            entries = list(self._entries.values())
-        for entry in reversed(entries):
-            for item in entry.response["output"]:
-                if item.get("id") == item_id:
-                    return item
-        return None
+            entry = self._output_items.get(item_id)
+        if entry is None:
+            return None
+        return next(item for item in entry.response["output"] if item.get("id") == item_id)
 
     def delete(self, response_id: str) -> bool:
         """Forget a stored response; False if none is stored under `response_id` (or it expired)."""
@@ -157,7 +159,11 @@ class ResponseStore:
         self._forget(entry)
 
     def _forget(self, entry: StoredResponse) -> None:
-        """Uncount a response taken out of the entries: its object, and its segments that nothing else holds."""
+        """Uncount a response taken out of the entries: its object, its output items' ids, and its segments that
+        nothing else holds."""
+        for item in entry.response.get("output", ()):
+            if self._output_items.get(item.get("id")) is entry:
+                del self._output_items[item["id"]]
         self._size_bytes -= entry.size_bytes
         segment: _Segment | None = entry.segment
         while segment is not None:

@@ -1525,6 +1525,29 @@ def test_a_renamed_error_keeps_the_other_fields_it_quotes():
                             "chat_template_kwargs.reasoning_effort='high'); give it once")
 
 
+def test_an_output_item_is_found_by_its_id_until_its_response_is_forgotten():
+    """item_reference inputs read the store by an output item's id, which it looks up (an agent sends every earlier
+    item as one, and a scan read the whole store for each): replaced, deleted, evicted or expired, the item is gone."""
+    now = [0.0]
+    store = ResponseStore(max_bytes=2_000, max_age_s=10, clock=lambda: now[0])
+
+    def put(response_id, *item_ids):
+        output = [{"id": item_id, "type": "message", "content": []} for item_id in item_ids]
+        store.put(response_id, output, {"id": response_id, "output": output})
+
+    put("r1", "msg_1", "fc_1")
+    put("r2", "msg_2")
+    assert store.output_item("fc_1")["id"] == "fc_1" and store.output_item("msg_2")["id"] == "msg_2"
+    put("r1", "msg_3")  # a later response under r1's id replaces it
+    assert store.output_item("fc_1") is None and store.output_item("msg_3")["id"] == "msg_3"
+    assert store.delete("r2") and store.output_item("msg_2") is None
+    for n in range(40):  # the oldest go once the store is full
+        put(f"r{n + 10}", f"msg_{n + 10}")
+    assert store.output_item("msg_3") is None and store.output_item("msg_49")["id"] == "msg_49"
+    now[0] = 11.0
+    assert store.output_item("msg_49") is None and not store._output_items
+
+
 def test_the_store_is_bounded_by_size_and_age():
     now = [0.0]
     store = ResponseStore(max_bytes=200, max_age_s=10, clock=lambda: now[0])
