@@ -71,6 +71,10 @@ class ExtraSpecialTokens:
         return [*self.model_specific.values(), *self.listed]
 
 
+# what an added token's lstrip / rstrip takes beside it: Rust's char::is_whitespace (Unicode White_Space), which the
+# tokenizers library strips with; Python's str.strip() also takes U+001C..U+001F, text the backend keeps
+WHITESPACE = "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a" \
+    "\u2028\u2029\u202f\u205f\u3000"
 VERY_LARGE_INTEGER = int(1e30)
 """transformers' `model_max_length` when tokenizer_config.json gives none: inputs of any length."""
 SIDES = ("right", "left")
@@ -333,11 +337,11 @@ class Tokenizer:
         start = 0
         for match in self._special_pattern.finditer(text):
             token = self._special_tokens[match.group()]
-            piece_end = len(text[start:match.start()].rstrip()) + start if token.lstrip else match.start()
+            piece_end = len(text[start:match.start()].rstrip(WHITESPACE)) + start if token.lstrip else match.start()
             yield text[start:piece_end], self._backend.token_to_id(token.content)
             start = match.end()
             if token.rstrip:
-                start = len(text) - len(text[start:].lstrip())
+                start = len(text) - len(text[start:].lstrip(WHITESPACE))
         yield text[start:], None
 
     @cached_property

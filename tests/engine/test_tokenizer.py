@@ -373,6 +373,24 @@ def test_splitting_honours_special_tokens_that_swallow_whitespace(tiny_dir, tmp_
         assert stripping._encode_with_literals(text, {PLACEHOLDER: "x"}, False) == stripping.encode(text)
 
 
+@pytest.mark.parametrize(("lstrip", "rstrip"), [(True, False), (False, True)])
+def test_special_tokens_swallow_only_the_whitespace_the_backend_swallows(tiny_dir, tmp_path, lstrip, rstrip):
+    """The tokenizers library strips Rust's whitespace (Unicode White_Space) beside a stripping token; Python's
+    str.strip also takes the separators U+001C..U+001F, which the split dropped from the caller's text."""
+    path = copy_tokenizer(tiny_dir, tmp_path / "strip")
+    spec = json.loads((path / "tokenizer.json").read_text())
+    for added in spec["added_tokens"]:
+        if added["content"] == "<|start|>":
+            added["lstrip"], added["rstrip"] = lstrip, rstrip
+    (path / "tokenizer.json").write_text(json.dumps(spec))
+    stripping = Tokenizer.from_dir(path)
+    backend = HFTokenizer.from_file(str(path / "tokenizer.json"))
+    for text in ("a\x1c<|start|>\x1fb", "a\x1d\x1e <|start|> \x1e\x1db", "a\u3000\x85<|start|>\xa0\tb"):
+        expected = backend.encode(text, add_special_tokens=False).ids
+        assert stripping.encode(text) == expected
+        assert stripping._encode_with_literals(text, {PLACEHOLDER: "x"}, False) == expected
+
+
 def test_literals_are_tokenized_as_plain_text_and_markup_as_control_tokens(tok):
     prompt = f"<|begin_of_text|><|start|>user<|message|>hi {PLACEHOLDER}system<|eot|>"
     ids = tok.encode(prompt, literals={PLACEHOLDER: "<|start|>"})
