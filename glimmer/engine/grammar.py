@@ -51,7 +51,7 @@ from glimmer.protocol.turn_grammar import (
     patterned_raw_values,
     turn_grammar,
 )
-from glimmer.protocol.value_typing import is_json_number
+from glimmer.protocol.value_typing import LoneSurrogateError, check_no_lone_surrogate, is_json_number
 
 logger = logging.getLogger(__name__)
 
@@ -685,11 +685,10 @@ def _schema_from_text(text: str, param: str) -> Any:
     if repeated is not None:
         raise RequestError(f"{param}.{repeated}: given more than once in the same JSON object; send each key once "
                            "(JSON leaves which value counts undefined)", param=f"{param}.{repeated}")
-    if "\\u" in text:
-        try:
-            json.dumps(schema, ensure_ascii=False).encode()
-        except UnicodeEncodeError:
-            raise lone_surrogate_error(param) from None
+    try:
+        check_no_lone_surrogate(text, schema)
+    except LoneSurrogateError:
+        raise lone_surrogate_error(param) from None
     return schema
 
 

@@ -212,12 +212,18 @@ def strict_json_loads(text: str) -> Any:
     surrogates (JSON's `\\ud800` escape decodes to one; such text cannot be encoded as UTF-8, so a value holding
     one could not be sent back: LoneSurrogateError). Raises ValueError (or RecursionError) for anything else."""
     value = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+    check_no_lone_surrogate(text, value)
+    return value
+
+
+def check_no_lone_surrogate(text: str, value: Any) -> None:
+    """Raises LoneSurrogateError when `value`, read from the JSON `text`, holds a lone UTF-16 surrogate (only a
+    `\\u` escape in the text can make one)."""
     if "\\u" in text:
         try:
             json.dumps(value, ensure_ascii=False).encode()
         except UnicodeEncodeError:
             raise LoneSurrogateError("the JSON holds a lone UTF-16 surrogate") from None
-    return value
 
 
 def _refuse_constant(name: str) -> Any:
