@@ -216,7 +216,7 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
         elif kind == "message" and item.get("role") == "assistant":
             if assistant is not None and (assistant.get("content") or assistant.get("tool_calls")):
                 flush_within_turn()
-            _check_phase(item.get("phase"), where)
+            _check_phase(item, "assistant", where)
             assistant = open_assistant(where)
             assistant_origin.path = where  # after a reasoning item: the message item holds the content
             assistant["content"] = _text_of(item.get("content"), f"{where}.content", refusal=True)
@@ -230,9 +230,7 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
             if role not in _MESSAGE_ROLES:
                 raise RequestError(f"{where}.role: {role!r} is not one of {', '.join(_MESSAGE_ROLES)}",
                                    param=f"{where}.role")
-            if item.get("phase") is not None:  # OpenAI: "not used for user messages"
-                raise RequestError(f"{where}.phase: only an assistant message has a phase (commentary or "
-                                   f"final_answer), not a {role} message; leave it out", param=f"{where}.phase")
+            _check_phase(item, role, where)
             content = _content(item.get("content"), where)
             messages.append({"role": role, "content": content})
             origins.append(MessageSource(where))
@@ -378,11 +376,16 @@ _ITEM_FIELDS = {
 _PHASES = ("commentary", "final_answer")
 
 
-def _check_phase(phase: Any, where: str) -> None:
-    """RequestError naming `where`.phase for a `phase` other than OpenAI's two (or null). An assistant message's phase
+def _check_phase(item: dict[str, Any], role: str, where: str) -> None:
+    """RequestError naming `where`.phase for a message item's `phase` other than OpenAI's two (or null), or one on a
+    message of another role than the assistant's (OpenAI: "not used for user messages"). An assistant message's phase
     (commentary, inside its turn; final_answer, ending it), which clients resend on every assistant message as OpenAI
     asks, changes nothing in the prompt: the item's place in its turn already says which it is, and the prompt marks
     it so (`end_turn`)."""
+    phase = item.get("phase")
+    if phase is not None and role != "assistant":
+        raise RequestError(f"{where}.phase: only an assistant message has a phase (commentary or final_answer), not a "
+                           f"{role} message; leave it out", param=f"{where}.phase")
     if phase is not None and phase not in _PHASES:
         raise RequestError(f"{where}.phase: {phase!r} is not one of {', '.join(_PHASES)} (or null)",
                            param=f"{where}.phase")

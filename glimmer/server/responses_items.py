@@ -67,8 +67,7 @@ def input_items_page(items: Sequence[dict[str, Any]], query: Mapping[str, str | 
     include = query.get("include", [])
     include = [include] if isinstance(include, str) else include
     check_include(include)
-    ordered = [listed_item(with_sealed_reasoning(item) if ENCRYPTED_REASONING in include else item)
-               for item in (items if order == "asc" else reversed(items))]
+    ordered = [listed_item(item) for item in (items if order == "asc" else reversed(items))]
     start, end = 0, len(ordered)
     if query.get("after") is not None:
         start = _position(ordered, query["after"], "after") + 1
@@ -78,6 +77,8 @@ def input_items_page(items: Sequence[dict[str, Any]], query: Mapping[str, str | 
         page, has_more = ordered[max(start, end - limit):end], end - limit > start  # the page nearest the cursor
     else:
         page, has_more = ordered[start:min(end, start + limit)], start + limit < end
+    if ENCRYPTED_REASONING in include:  # the page's items alone
+        page = [with_sealed_reasoning(item) for item in page]
     return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
             "last_id": page[-1]["id"] if page else None, "has_more": has_more}
 
