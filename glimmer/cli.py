@@ -1659,7 +1659,7 @@ def kv_cache_size(text: str) -> int:
     try:
         return parse_size(text)
     except argparse.ArgumentTypeError:
-        if not re.fullmatch(r"\s*[0-9]+(\.[0-9]+)?[kKmMgG]\s*", text):
+        if not re.fullmatch(rf"\s*[0-9]+(\.[0-9]+)?[{''.join([*_DECIMAL_SUFFIXES, *_BINARY_SUFFIXES])}]\s*", text):
             raise
         try:
             return token_count(text)
