@@ -37,7 +37,8 @@ logger = logging.getLogger(__name__)
 
 MEDIA_KINDS = ("image", "video")
 # content part type → media kind, for parts as sent (OpenAI `image_url`) and as normalized (`image`)
-_PART_KINDS = {"image": "image", "image_url": "image", "image_pil": "image", "video": "video", "video_url": "video"}
+_PART_KINDS = {"image": "image", "image_url": "image", "image_pil": "image", "input_image": "image", "video": "video",
+               "video_url": "video"}
 
 
 # WHATWG forgiving-base64: ASCII whitespace (tab, LF, FF, CR, space) is dropped; the alphabet has no - or _
@@ -273,6 +274,12 @@ def media_from_part(part: Mapping[str, Any], where: str | None = None) -> tuple[
                                "sampled as the model's preprocessor config says whatever a part asks, so it would "
                                "change nothing: leave it out", param=field if where else "messages")
         value = value["url"]
+    elif key == "image_url" and part.get("detail") is not None and part["detail"] not in IMAGE_DETAILS:
+        # an `input_image` part (the Responses API's, vLLM's chat takes it) has its detail beside its image_url
+        field = f"{where}.detail" if where else "detail"
+        raise RequestError(f"{field} must be one of {', '.join(map(repr, IMAGE_DETAILS))} (or left out), not "
+                           f"{part['detail']!r}; Glimmer sends every image at its full size whatever it says",
+                           param=field if where else "messages")
     elif key in (f"{kind}_url", "url") and isinstance(value, bool | int | float | list):
         # JSON a client sent (`{"image_url": [url]}`, 5, true), which no image is; Python objects go on
         field = f"{where}.{key}" if where else key

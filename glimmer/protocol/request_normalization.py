@@ -47,7 +47,9 @@ message may leave it null (beside tool calls or reasoning, or as a reply came ba
 EMPTY_PARAMETERS_SCHEMA: Mapping[str, Any] = {"type": "object", "properties": {}}
 """The schema a tool without `parameters` gets (P-TMPL-6)."""
 
-_MEDIA_PART_TYPES = {"image_url": "image", "video_url": "video", "image_pil": "image"}  # image_pil: vLLM LLM.chat's
+# image_pil: vLLM LLM.chat's; input_image: the Responses API's ({"image_url": URL}), which vLLM's chat takes too
+_MEDIA_PART_TYPES = {"image_url": "image", "video_url": "video", "image_pil": "image", "input_image": "image"}
+_TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text"})  # the Responses API's text parts, as vLLM's chat
 RENDERED_PART_TYPES = frozenset({"text", "image", "video"})
 """Content part types the template renders (text, `<|patch|>`, `<|video|>`); other parts would render nothing."""
 
@@ -489,8 +491,10 @@ def _normalized_part(part: Any, field: str, role: str) -> Any:
     if kind == "refusal":
         return {"type": "text", "text": refusal_part_text(part, field, role == "assistant",
                                                           f"send the {role} message's words as a text part")}
-    if kind == "text" and not isinstance(part.get("text"), str):
-        raise RequestError(f'{field}: a text part needs a string "text"', param=field)
+    if kind in _TEXT_PART_TYPES:
+        if not isinstance(part.get("text"), str):
+            raise RequestError(f'{field}: a {kind} part needs a string "text"', param=field)
+        return {**part, "type": "text"}
     if kind in _MEDIA_PART_TYPES:
         return {**part, "type": _MEDIA_PART_TYPES[kind]}
     if kind not in RENDERED_PART_TYPES:

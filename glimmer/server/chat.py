@@ -158,7 +158,8 @@ def echoed(request: ChatCompletionRequest) -> Echo | None:
     content = final.get("content")
     if isinstance(content, list):
         text = "\n".join(part["text"] for part in content
-                         if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str))
+                         if isinstance(part, dict) and part.get("type") in ("text", "input_text", "output_text")
+                         and isinstance(part.get("text"), str))
     else:
         text = content if isinstance(content, str) else ""
     return Echo("content" if channel == "content" else "reasoning", text) if text else None

@@ -402,3 +402,23 @@ def test_requests_waiting_on_remote_images_leave_other_requests_served(checkpoin
         finally:
             release.set()
         assert all(request.result().status_code == 400 for request in waiting)
+
+
+def test_responses_style_parts_in_a_chat_message_are_read_as_vllm_reads_them(client):
+    """vLLM's chat takes the Responses API's `input_text` / `output_text` and `input_image` parts (an image_url string,
+    its detail beside it); they were a 400, "content parts of type 'input_text' are not supported"."""
+    url = _data_url(_png(10))
+    chat_parts = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "What is this?"}]
+    responses_parts = [{"type": "input_image", "image_url": url, "detail": "auto"},
+                       {"type": "input_text", "text": "What is this?"}]
+    kwargs = dict(model="tiny", max_tokens=6, temperature=0, extra_body={**EXTRA, "ignore_eos": True})
+    replies = [client.chat.completions.create(messages=[
+        {"role": "user", "content": "Hi."}, {"role": "assistant", "content": [{"type": kind, "text": "Hello."}]},
+        {"role": "user", "content": parts}], **kwargs) for kind, parts in (("text", chat_parts),
+                                                                           ("output_text", responses_parts))]
+    assert replies[0].usage.prompt_tokens == replies[1].usage.prompt_tokens
+    assert replies[0].choices[0].message.content == replies[1].choices[0].message.content
+    typo = [{"role": "user", "content": [{**responses_parts[0], "detail": "hgih"}]}]
+    with pytest.raises(openai.BadRequestError, match=r"content\[0\]\.detail must be one of 'auto'") as e:
+        client.chat.completions.create(messages=typo, **kwargs)
+    assert e.value.body["param"] == "messages[0].content[0].detail"
