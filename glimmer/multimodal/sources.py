@@ -286,6 +286,11 @@ def media_from_part(part: Mapping[str, Any], where: str | None = None) -> tuple[
         raise RequestError(f"{field} must be an object {{\"url\": ...}} or a string (a data: URL, a local path "
                            f"or an http(s) URL), not {type(value).__name__}",
                            param=field if where else "messages")
+    if isinstance(value, str) and not value.strip():  # names no file: "local files are not allowed" misled
+        field = f"{key}.url" if isinstance(part[key], Mapping) else key
+        field = f"{where}.{field}" if where else field
+        raise RequestError(f"{field} is empty; send a data: URL, a local path or an http(s) URL",
+                           param=field if where else "messages")
     return kind, value
 
 

@@ -497,6 +497,9 @@ def _parts(content: list[Any], field: str) -> list[dict[str, Any]]:
             if not isinstance(url, str):
                 raise RequestError(f"{param}: an input_image needs `image_url` as a string (a data: or https: URL); "
                                    "file ids and other forms are not supported", param=param)
+            if not url.strip():  # as chat's empty url; its path here has no `.url`
+                raise RequestError(f"{param}.image_url is empty; send a data: URL, a local path or an http(s) URL",
+                                   param=f"{param}.image_url")
             detail = part.get("detail")
             if detail is not None and detail not in IMAGE_DETAILS:  # as chat refuses its image_url.detail
                 raise RequestError(f"{param}.detail must be one of {', '.join(map(repr, IMAGE_DETAILS))} (or left "

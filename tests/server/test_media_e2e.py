@@ -422,3 +422,24 @@ def test_responses_style_parts_in_a_chat_message_are_read_as_vllm_reads_them(cli
     with pytest.raises(openai.BadRequestError, match=r"content\[0\]\.detail must be one of 'auto'") as e:
         client.chat.completions.create(messages=typo, **kwargs)
     assert e.value.body["param"] == "messages[0].content[0].detail"
+
+
+@pytest.mark.parametrize(("part", "param"), [
+    ({"type": "image_url", "image_url": {"url": ""}}, "messages[0].content[0].image_url.url"),
+    ({"type": "image_url", "image_url": " "}, "messages[0].content[0].image_url"),
+    ({"type": "video_url", "video_url": {"url": ""}}, "messages[0].content[0].video_url.url")])
+def test_an_empty_media_url_is_a_400_saying_so(client, part, param):
+    """An empty url was read as a local path: "local files are not allowed; allow a directory with
+    --allowed-local-media-path", which sent the client to a server flag for a url its own code left empty."""
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": [part]}], max_tokens=2,
+                                       extra_body=EXTRA)
+    assert e.value.body["param"] == param
+    assert e.value.body["message"] == f"{param} is empty; send a data: URL, a local path or an http(s) URL"
+
+
+def test_an_empty_input_image_url_is_a_400_saying_so(client):
+    with pytest.raises(openai.BadRequestError, match=r"input\[0\]\.content\[0\]\.image_url is empty; send") as e:
+        client.responses.create(model="tiny", max_output_tokens=2, extra_body=EXTRA, input=[
+            {"role": "user", "content": [{"type": "input_image", "image_url": ""}]}])
+    assert e.value.body["param"] == "input[0].content[0].image_url"
