@@ -49,7 +49,8 @@ EMPTY_PARAMETERS_SCHEMA: Mapping[str, Any] = {"type": "object", "properties": {}
 
 # image_pil: vLLM LLM.chat's; input_image: the Responses API's ({"image_url": URL}), which vLLM's chat takes too
 _MEDIA_PART_TYPES = {"image_url": "image", "video_url": "video", "image_pil": "image", "input_image": "image"}
-_TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text"})  # the Responses API's text parts, as vLLM's chat
+TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text"})
+"""Text part types a chat message takes: its own, and the Responses API's, as vLLM's chat reads them."""
 RENDERED_PART_TYPES = frozenset({"text", "image", "video"})
 """Content part types the template renders (text, `<|patch|>`, `<|video|>`); other parts would render nothing."""
 
@@ -491,7 +492,7 @@ def _normalized_part(part: Any, field: str, role: str) -> Any:
     if kind == "refusal":
         return {"type": "text", "text": refusal_part_text(part, field, role == "assistant",
                                                           f"send the {role} message's words as a text part")}
-    if kind in _TEXT_PART_TYPES:
+    if kind in TEXT_PART_TYPES:
         if not isinstance(part.get("text"), str):
             raise RequestError(f'{field}: a {kind} part needs a string "text"', param=field)
         return {**part, "type": "text"}

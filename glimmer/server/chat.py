@@ -34,6 +34,7 @@ from glimmer.errors import ContextLengthError, ForcedCallContextError, RequestEr
 from glimmer.protocol import ParsedOutput, assistant_message, stream_delta_objects
 from glimmer.protocol.deltas import Delta, Event
 from glimmer.protocol.headers import channel_of_recipient
+from glimmer.protocol.request_normalization import TEXT_PART_TYPES
 from glimmer.server.beam_search import beam_search_params, refuse_beam_search_options, run_beam_search
 from glimmer.server.body import read_body
 from glimmer.server.chat_prompt import ChatPrompt, build_chat_prompt, prompt_parts, prompt_threads
@@ -158,7 +159,7 @@ def echoed(request: ChatCompletionRequest) -> Echo | None:
     content = final.get("content")
     if isinstance(content, list):
         text = "\n".join(part["text"] for part in content
-                         if isinstance(part, dict) and part.get("type") in ("text", "input_text", "output_text")
+                         if isinstance(part, dict) and part.get("type") in TEXT_PART_TYPES
                          and isinstance(part.get("text"), str))
     else:
         text = content if isinstance(content, str) else ""
