@@ -9,6 +9,11 @@ from fastapi import Request
 from glimmer.server.errors import APIError
 from glimmer.server.settings import api_keys
 
+# the whitespace HTTP allows around a header's value and between its scheme and token (RFC 9110 §5.6.3), no more:
+# str.strip() also takes U+0085 and U+00A0, which as Latin-1 are bytes ending a key's last character sent as UTF-8
+# (à is C3 A0)
+_OWS = " \t"
+
 
 def check_api_key(request: Request, api_key: str | tuple[str, ...] | None) -> None:
     """Raises APIError 401 unless the request carries the server's key, or one of its keys (or the server has none),
@@ -20,10 +25,11 @@ def check_api_key(request: Request, api_key: str | tuple[str, ...] | None) -> No
     if len(sent) > 1:  # a field sent once (RFC 9110 §11.6.2): which line counts is a guess a proxy may guess otherwise
         raise APIError(401, f"the request has {len(sent)} Authorization headers; send exactly one, "
                             "`Authorization: Bearer KEY`", code="invalid_api_key")
-    if not sent or not sent[0].strip():
+    if not sent or not sent[0].strip(_OWS):
         raise APIError(401, "missing API key; send it as `Authorization: Bearer KEY`", code="invalid_api_key")
-    scheme, _, token = sent[0].strip().partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
+    scheme, _, token = sent[0].strip(_OWS).partition(" ")
+    token = token.strip(_OWS)
+    if scheme.lower() != "bearer" or not token:
         # the header's value is never echoed: it may be the key itself, sent without its scheme
         raise APIError(401, "the Authorization header is not `Bearer KEY` (the key alone, another scheme or "
                             "`Bearer` without a key); send the key as `Authorization: Bearer KEY`",
@@ -32,7 +38,7 @@ def check_api_key(request: Request, api_key: str | tuple[str, ...] | None) -> No
     # stripped): compared as it was, no client could ever be let in
     # a header arrives as Latin-1: a key outside ASCII sent as UTF-8 (curl) is its bytes as they came, one sent as
     # Latin-1 (a browser's fetch, `requests`) the text they spell
-    sent_forms = (token.strip().encode("latin-1"), token.strip().encode())
+    sent_forms = (token.encode("latin-1"), token.encode())
     # every key is compared in both forms, so the time taken tells nothing of which one came close
     matches = [hmac.compare_digest(sent, key.strip().encode()) for key in keys for sent in sent_forms]
     if not any(matches):
