@@ -174,7 +174,8 @@ async function send(text) {
     images = await Promise.all(reads);  // each read to its end, in the order attached
   } catch (error) {
     // a file that could not be read (moved or deleted since it was picked): nothing is sent, the text kept to send
-    showError(`An attached image could not be read (${error}); attach it again`);
+    // with the images attached again (all of them: the reads that ended are dropped with it)
+    showError(`An attached image could not be read (${error}); attach the images again`);
     if (!$("prompt").value) $("prompt").value = text;
     return;
   }
