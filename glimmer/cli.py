@@ -38,6 +38,8 @@ from glimmer.server.settings import (
 )
 from glimmer.sigterm import SigtermWatch, Terminated, give_back_sigterm
 
+logger = logging.getLogger(__name__)
+
 
 class UsageError(GlimmerError):
     """A mistake in the command line (a missing file, a busy port, …): printed as one line, exit code 2."""
@@ -1135,11 +1137,11 @@ def _check_serve_options(args: argparse.Namespace) -> None:
         raise UsageError(f"${from_environment[0]} is blank (whitespace only); set it to the key clients must send, or "
                          "unset it to serve without one")
     keys = tuple(key.strip() for key in api_keys(_serve_api_key(args)))
-    source = "--api-key" if args.api_key is not None else f"${from_environment[0]}" if from_environment else ""
+    source = "--api-key" if args.api_key is not None or from_environment is None else f"${from_environment[0]}"
     if not all(sendable_in_a_header(key) for key in keys):
         raise UsageError(f"{source} {UNSENDABLE_KEY}")
     if (ascii_only := ascii_only_clients_warning(keys)) is not None:
-        logging.getLogger(__name__).warning("%s: %s", source, ascii_only)
+        logger.warning("%s: %s", source, ascii_only)
     if args.metrics_require_api_key and not _serve_api_key(args):
         raise UsageError("--metrics-require-api-key needs a key to require; give --api-key (or GLIMMER_API_KEY)")
     _check_served_model_names(args)
