@@ -104,6 +104,26 @@ def token_overlaps(token_span: tuple[int, int], span: tuple[int, int]) -> bool:
     return span_start <= token_start < span_end
 
 
+def offset_of_answer_character(content_spans: Sequence[tuple[int, int]], characters: int) -> int | None:
+    """Where the answer's first `characters` characters end, as an offset into the text fed to the parser, whose
+    `content_spans` hold the answer; None past the answer decided so far. `answer_characters_before`'s inverse."""
+    for start, end in content_spans:
+        if characters <= end - start:
+            return start + characters
+        characters -= end - start
+    return None
+
+
+def answer_characters_before(content_spans: Sequence[tuple[int, int]], offset: int) -> int:
+    """How many of the answer's characters (`content_spans`, in the text fed to the parser) come before `offset`."""
+    before = 0
+    for start, end in content_spans:
+        if start >= offset:
+            break
+        before += min(end, offset) - start
+    return before
+
+
 class ContentTokens(Generic[T]):
     """The generated tokens of the answer, picked as `parser` decides their text: what the chat API's
     `logprobs.content` lists. OpenAI defines it as the message content's tokens, so reasoning, tool-call and framing
@@ -127,12 +147,7 @@ class ContentTokens(Generic[T]):
         """The server ends the answer after its first `characters` characters (where a stop string that ended it ends):
         a token not yet decided whose text starts past them, text the parser held back and released with the stop
         string's, is no answer token (vLLM stops at the token that ends the stop string)."""
-        offset = None
-        for start, end in self._parser.content_spans:  # the answer's characters, in the text fed to the parser
-            if characters <= end - start:
-                offset = start + characters
-                break
-            characters -= end - start
+        offset = offset_of_answer_character(self._parser.content_spans, characters)
         while offset is not None and self._pending and self._pending[-1][0][0] >= offset:
             self._pending.pop()
 

@@ -33,6 +33,7 @@ from glimmer.engine.sampler import TokenLogprobs
 from glimmer.engine.stop_strings import StopStringMatcher
 from glimmer.protocol import ContentTokens, OutputParser, count_reasoning_tokens, finish_reason
 from glimmer.protocol.deltas import Event, ToolCallDelta
+from glimmer.protocol.openai_mapping import answer_characters_before
 
 
 @dataclass(frozen=True)
@@ -228,13 +229,7 @@ class ChoiceStream:
             return None
         if not self._min_tokens:
             return 0
-        offset = self._token_spans[self._min_tokens - 1][1]  # in the text fed to the parser
-        before = 0
-        for start, end in self.parser.content_spans:
-            if start >= offset:
-                break
-            before += min(end, offset) - start
-        return before
+        return answer_characters_before(self.parser.content_spans, self._token_spans[self._min_tokens - 1][1])
 
     def _release_held_content(self, routed: list[Event]) -> None:
         if self._stops is not None:
