@@ -28,7 +28,7 @@ from glimmer.multimodal.image import is_image_data
 from glimmer.multimodal.remote_fetch import LookupsBusyError, RemoteMediaError, fetch_remote, loggable_url
 from glimmer.multimodal.settings import MediaFetchPolicy
 from glimmer.multimodal.video import is_video_data
-from glimmer.protocol.request_normalization import tool_results_in_call_order
+from glimmer.protocol.request_normalization import MEDIA_PART_TYPES, tool_results_in_call_order
 
 __all__ = ["MEDIA_KINDS", "MediaFetchPolicy", "collect_media", "load_media_reference", "media_from_part",
            "media_kind", "media_part_paths", "media_parts", "naming_media_parts"]
@@ -37,8 +37,7 @@ logger = logging.getLogger(__name__)
 
 MEDIA_KINDS = ("image", "video")
 # content part type → media kind, for parts as sent (OpenAI `image_url`) and as normalized (`image`)
-_PART_KINDS = {"image": "image", "image_url": "image", "image_pil": "image", "input_image": "image", "video": "video",
-               "video_url": "video"}
+_PART_KINDS = {**MEDIA_PART_TYPES, **{kind: kind for kind in MEDIA_KINDS}}
 
 
 # WHATWG forgiving-base64: ASCII whitespace (tab, LF, FF, CR, space) is dropped; the alphabet has no - or _

@@ -48,7 +48,7 @@ EMPTY_PARAMETERS_SCHEMA: Mapping[str, Any] = {"type": "object", "properties": {}
 """The schema a tool without `parameters` gets (P-TMPL-6)."""
 
 # image_pil: vLLM LLM.chat's; input_image: the Responses API's ({"image_url": URL}), which vLLM's chat takes too
-_MEDIA_PART_TYPES = {"image_url": "image", "video_url": "video", "image_pil": "image", "input_image": "image"}
+MEDIA_PART_TYPES = {"image_url": "image", "video_url": "video", "image_pil": "image", "input_image": "image"}
 TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text"})
 """Text part types a chat message takes: its own, and the Responses API's, as vLLM's chat reads them."""
 RENDERED_PART_TYPES = frozenset({"text", "image", "video"})
@@ -496,8 +496,8 @@ def _normalized_part(part: Any, field: str, role: str) -> Any:
         if not isinstance(part.get("text"), str):
             raise RequestError(f'{field}: a {kind} part needs a string "text"', param=field)
         return {**part, "type": "text"}
-    if kind in _MEDIA_PART_TYPES:
-        return {**part, "type": _MEDIA_PART_TYPES[kind]}
+    if kind in MEDIA_PART_TYPES:
+        return {**part, "type": MEDIA_PART_TYPES[kind]}
     if kind not in RENDERED_PART_TYPES:
         raise RequestError(f"{field}: content parts of type {kind!r} are not supported (this model takes "
                            "text, image_url and video_url parts); remove the part", param=field)
