@@ -38,7 +38,7 @@ import torch
 from glimmer.engine.sampling_params import StructuredOutputsParams
 from glimmer.engine.tokenizer import Tokenizer
 from glimmer.errors import ConstraintFailure, RequestError
-from glimmer.protocol.duplicate_keys import first_duplicate_key
+from glimmer.protocol.duplicate_keys import refuse_duplicate_keys
 from glimmer.protocol.request_normalization import lone_surrogate_error
 from glimmer.protocol.schema_bounds import empty_bounds, endless_reference
 from glimmer.protocol.tokens import EOM, EOT, MESSAGE
@@ -677,14 +677,13 @@ def _schema_from_text(text: str, param: str) -> Any:
     grammar engine refused as "Value is not JSON serializable")."""
     try:
         schema = json.loads(text)
-        repeated = first_duplicate_key(text)
+        refuse_duplicate_keys(text, under=param)
     except RecursionError:
         raise RequestError(f"{param}: the JSON schema is nested too deeply", param=param) from None
+    except RequestError:  # the repeated key's, which is a ValueError too
+        raise
     except ValueError as exc:
         raise RequestError(f"{param}: the JSON schema is not valid JSON: {exc}", param=param) from None
-    if repeated is not None:
-        raise RequestError(f"{param}.{repeated}: given more than once in the same JSON object; send each key once "
-                           "(JSON leaves which value counts undefined)", param=f"{param}.{repeated}")
     try:
         check_no_lone_surrogate(text, schema)
     except LoneSurrogateError:

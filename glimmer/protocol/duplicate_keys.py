@@ -10,6 +10,18 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from glimmer.errors import RequestError
+
+
+def refuse_duplicate_keys(text: str | bytes, under: str | None = None) -> None:
+    """RequestError naming (by its path, below the field `under` when given) the first key that an object of `text`
+    gives twice (`first_duplicate_key`). `text` is JSON that has been read already."""
+    path = first_duplicate_key(text)
+    if path is not None:
+        path = path if under is None else f"{under}.{path}"
+        raise RequestError(f"{path}: given more than once in the same JSON object; send each key once (JSON "
+                           "leaves which value counts undefined)", param=path)
+
 
 def first_duplicate_key(text: str | bytes) -> str | None:
     """The path (`messages[0].content`, `city`) of the first key that an object of `text` gives twice, outer objects

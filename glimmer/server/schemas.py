@@ -39,7 +39,7 @@ from glimmer.engine.sampling_params import (
 )
 from glimmer.engine.vllm_arguments import VLLM_ONLY_STRUCTURED_OUTPUTS_ARGUMENTS
 from glimmer.errors import RequestError
-from glimmer.protocol.duplicate_keys import first_duplicate_key
+from glimmer.protocol.duplicate_keys import refuse_duplicate_keys
 from glimmer.protocol.request_normalization import lone_surrogate_error
 
 # Every integer field has a range here, so that no value reaches a C conversion (torch, tokenizers) unchecked:
@@ -402,15 +402,6 @@ def _lone_surrogate(body: bytes) -> RequestError | None:
 def _field_path(loc: tuple[str | int, ...]) -> str:
     """A field's dotted path as error messages name it: `messages[0].content`."""
     return "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc).lstrip(".")
-
-
-def refuse_duplicate_keys(body: bytes) -> None:
-    """RequestError naming (by its path) the first key that an object of `body` gives twice (`first_duplicate_key`:
-    a client and a proxy could read another request than the one served). `body` is JSON pydantic has accepted."""
-    path = first_duplicate_key(body)
-    if path is not None:
-        raise RequestError(f"{path}: given more than once in the same JSON object; send each key once (JSON "
-                           "leaves which value counts undefined)", param=path)
 
 
 _UNION_FIELD_HINTS = {
