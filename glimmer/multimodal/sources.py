@@ -262,9 +262,7 @@ def media_from_part(part: Mapping[str, Any], where: str | None = None) -> tuple[
         detail = value.get("detail")
         if key == "image_url" and detail is not None and detail not in IMAGE_DETAILS:
             field = f"{where}.{key}.detail" if where else f"{key}.detail"
-            raise RequestError(f"{field} must be one of {', '.join(map(repr, IMAGE_DETAILS))} (or left out), "
-                               f"not {detail!r}; Glimmer sends every image at its full size whatever it says",
-                               param=field if where else "messages")
+            raise image_detail_error(field, detail, param=field if where else "messages")
         # `fps`, `max_frames`: other APIs sample by them, vLLM drops them silently
         asked = sorted(name for name, field_value in value.items() if name != "url" and field_value is not None)
         if key == "video_url" and asked:
@@ -276,9 +274,7 @@ def media_from_part(part: Mapping[str, Any], where: str | None = None) -> tuple[
     elif key == "image_url" and part.get("detail") is not None and part["detail"] not in IMAGE_DETAILS:
         # an `input_image` part (the Responses API's, vLLM's chat takes it) has its detail beside its image_url
         field = f"{where}.detail" if where else "detail"
-        raise RequestError(f"{field} must be one of {', '.join(map(repr, IMAGE_DETAILS))} (or left out), not "
-                           f"{part['detail']!r}; Glimmer sends every image at its full size whatever it says",
-                           param=field if where else "messages")
+        raise image_detail_error(field, part["detail"], param=field if where else "messages")
     elif key in (f"{kind}_url", "url") and isinstance(value, bool | int | float | list):
         # JSON a client sent (`{"image_url": [url]}`, 5, true), which no image is; Python objects go on
         field = f"{where}.{key}" if where else key
@@ -288,9 +284,20 @@ def media_from_part(part: Mapping[str, Any], where: str | None = None) -> tuple[
     if isinstance(value, str) and not value.strip():  # names no file: "local files are not allowed" misled
         field = f"{key}.url" if isinstance(part[key], Mapping) else key
         field = f"{where}.{field}" if where else field
-        raise RequestError(f"{field} is empty; send a data: URL, a local path or an http(s) URL",
-                           param=field if where else "messages")
+        raise empty_url_error(field, param=field if where else "messages")
     return kind, value
+
+
+def image_detail_error(field: str, detail: Any, param: str) -> RequestError:
+    """The refusal of an image part's `detail` (at `field`) that is none of OpenAI's four."""
+    return RequestError(f"{field} must be one of {', '.join(map(repr, IMAGE_DETAILS))} (or left out), not {detail!r}; "
+                        "Glimmer sends every image at its full size whatever it says", param=param)
+
+
+def empty_url_error(field: str, param: str) -> RequestError:
+    """The refusal of an image's or video's url (at `field`) that is empty, which names no file: read as a local path,
+    "local files are not allowed" misled."""
+    return RequestError(f"{field} is empty; send a data: URL, a local path or an http(s) URL", param=param)
 
 
 def media_parts(messages: Sequence[Mapping[str, Any]]) -> Iterator[tuple[str, str, Mapping[str, Any]]]:

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from glimmer.errors import ContextLengthError, RequestError
-from glimmer.multimodal.sources import IMAGE_DETAILS
+from glimmer.multimodal.sources import IMAGE_DETAILS, empty_url_error, image_detail_error
 from glimmer.protocol.request_normalization import refusal_part_text, tool_results_in_call_order
 from glimmer.server.chat_prompt import MediaLimitError
 
@@ -498,13 +498,10 @@ def _parts(content: list[Any], field: str) -> list[dict[str, Any]]:
                 raise RequestError(f"{param}: an input_image needs `image_url` as a string (a data: or https: URL); "
                                    "file ids and other forms are not supported", param=param)
             if not url.strip():  # as chat's empty url; its path here has no `.url`
-                raise RequestError(f"{param}.image_url is empty; send a data: URL, a local path or an http(s) URL",
-                                   param=f"{param}.image_url")
+                raise empty_url_error(f"{param}.image_url", param=f"{param}.image_url")
             detail = part.get("detail")
             if detail is not None and detail not in IMAGE_DETAILS:  # as chat refuses its image_url.detail
-                raise RequestError(f"{param}.detail must be one of {', '.join(map(repr, IMAGE_DETAILS))} (or left "
-                                   f"out), not {detail!r}; Glimmer sends every image at its full size whatever it "
-                                   "says", param=f"{param}.detail")
+                raise image_detail_error(f"{param}.detail", detail, param=f"{param}.detail")
             parts.append({"type": "image_url", "image_url": {"url": url}})
         else:
             parts.append({"type": "text", "text": _part_text(part, param, "text and input_image parts")})
