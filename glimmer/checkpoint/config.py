@@ -93,8 +93,18 @@ def is_finite(value: Any) -> bool:
         return False
 
 
+def is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def is_finite_number(value: Any) -> bool:
+    """A number a float holds as a finite value: not NaN or infinity (Python's json reads them), and no integer past
+    a float's range (`is_finite`)."""
+    return is_number(value) and is_finite(value)
+
+
 def _require_positive_float(owner: str, name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not is_finite(value) or value <= 0:
+    if not is_finite_number(value) or value <= 0:
         raise ConfigError(f"{owner}.{name}={value!r} is invalid; expected a positive finite number")
 
 

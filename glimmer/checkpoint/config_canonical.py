@@ -16,6 +16,7 @@ from glimmer.checkpoint.config import (
     ModelConfig,
     TextConfig,
     VisionConfig,
+    is_number,
     reference_text_layer_types,
     reference_vision_layer_types,
 )
@@ -37,7 +38,6 @@ from glimmer.checkpoint.config_fields import (
     Notes,
     Section,
     checked_bool,
-    is_number,
     layer_count,
     positive_int,
     square_grid,

@@ -192,16 +192,6 @@ def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def is_finite_number(value: Any) -> bool:
-    """A number a float holds as a finite value: not NaN or infinity (Python's json reads them), and no integer past
-    a float's range (`is_finite`)."""
-    return is_number(value) and is_finite(value)
-
-
 def as_float(value: Any) -> Any:
     """JSON integers in float fields (rope_theta: 500000) become floats; anything else is left to validation (an
     integer past a float's range too, which the positive-number check refuses naming its field)."""

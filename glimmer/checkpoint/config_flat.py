@@ -9,7 +9,14 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from glimmer.checkpoint.config import TEXT_SIZE_FIELDS, ModelConfig, VisionConfig, off_the_flat_pattern
+from glimmer.checkpoint.config import (
+    TEXT_SIZE_FIELDS,
+    ModelConfig,
+    VisionConfig,
+    is_finite_number,
+    is_number,
+    off_the_flat_pattern,
+)
 from glimmer.checkpoint.config_build import build_model_config, build_text_config, construct
 from glimmer.checkpoint.config_canonical import read_canonical_vision_fields
 from glimmer.checkpoint.config_common_fields import (
@@ -26,8 +33,6 @@ from glimmer.checkpoint.config_fields import (
     Fields,
     Notes,
     Section,
-    is_finite_number,
-    is_number,
     layer_count,
     positive_int,
     square_grid,

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from glimmer.checkpoint.config import reference_rope_layers
-from glimmer.checkpoint.config_fields import MISSING, Notes, Section, is_finite_number, is_int, positive_int
+from glimmer.checkpoint.config import is_finite_number, reference_rope_layers
+from glimmer.checkpoint.config_fields import MISSING, Notes, Section, is_int, positive_int
 
 NOPE_PERIOD = 4  # the released period of both: NoPE every 4th text layer, full attention every 4th vision layer
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from glimmer.checkpoint.config import RopeScaling
-from glimmer.checkpoint.config_fields import MISSING, Notes, Section, is_finite_number, is_int
+from glimmer.checkpoint.config import RopeScaling, is_finite_number
+from glimmer.checkpoint.config_fields import MISSING, Notes, Section, is_int
 
 # rope_type → (required keys, optional keys), beside rope_type and rope_theta
 _KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {

@@ -18,7 +18,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from glimmer.checkpoint.config import VisionConfig, is_finite
+from glimmer.checkpoint.config import VisionConfig, is_finite, is_finite_number
 from glimmer.checkpoint.json_files import read_json_object
 from glimmer.errors import ConfigError
 from glimmer.multimodal.errors import MediaDecodeError, MediaLimitError
@@ -62,7 +62,7 @@ class MediaSettings:
                 raise ConfigError(f"preprocessor config: {name}={value!r} is invalid; expected a positive integer")
         for name in ("video_sample_fps", "rescale_factor"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not is_finite(value) or value <= 0:
+            if not is_finite_number(value) or value <= 0:
                 raise ConfigError(f"preprocessor config: {name}={value!r} is invalid; expected a positive number")
         for name in ("image_mean", "image_std"):
             value = getattr(self, name)
