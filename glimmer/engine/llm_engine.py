@@ -340,15 +340,7 @@ class LLMEngine:
         spec_config = None
         if config.speculative_config is not None:
             spec_config = SpeculativeConfig.parse(config.speculative_config)
-            # from the drafter's config alone, before the target's weights load (minutes for the 30B): a drafter
-            # of another model, a num_speculative_tokens its block cannot hold, or a token budget that cannot verify
-            # what it proposes, is refused at once
-            drafter = open_drafter_checkpoint(self._drafter_location(spec_config, weights=False),
-                                              mask_token_id=self._mask_token_id, weights=False)
-            drafter.check_fits(self.checkpoint.config.text)
-            self.num_speculative_tokens = spec_config.proposed_tokens(drafter.config)
-            if config.max_num_batched_tokens is not None:  # one given (the default's is checked as the drafter loads)
-                check_verification_budget(config.max_num_batched_tokens, self.num_speculative_tokens)
+            self.num_speculative_tokens = self._check_drafter_config(spec_config)
         mark_model_started()  # what follows starts the model's threads: forks of this process refuse engines
         if self.device.type == "cpu":  # before loading and the CPU path's timings, which the thread count changes
             fit_threads_to_cpu_quota()
@@ -490,6 +482,18 @@ class LLMEngine:
             raise ConfigError(f"max_model_len={requested} must be between 2 and the model's {limit}{why}; give "
                               f"--max-model-len / max_model_len= in that range, or leave it out for {limit}")
         return requested
+
+    def _check_drafter_config(self, spec_config: SpeculativeConfig) -> int:
+        """The tokens the drafter proposes a step, from its config alone, before the target's weights load (minutes
+        for the 30B): a drafter of another model, a num_speculative_tokens its block cannot hold, or a token budget
+        that cannot verify what it proposes, is refused at once. `_load_drafter` checks again on what it loads."""
+        drafter = open_drafter_checkpoint(self._drafter_location(spec_config, weights=False),
+                                          mask_token_id=self._mask_token_id, weights=False)
+        drafter.check_fits(self.checkpoint.config.text)
+        proposed = spec_config.proposed_tokens(drafter.config)
+        if self.config.max_num_batched_tokens is not None:  # one given (the default's is checked as the drafter loads)
+            check_verification_budget(self.config.max_num_batched_tokens, proposed)
+        return proposed
 
     def _load_drafter(self, spec: SpeculativeConfig) -> None:
         """Load the drafter for speculative decoding and check the configuration can run it (ConfigError)."""
