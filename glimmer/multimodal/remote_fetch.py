@@ -299,7 +299,9 @@ def _fetch(url: str, backend: _GuardedBackend) -> bytes:
                 with pool.stream("GET", url, headers={"Accept": "*/*", "User-Agent": "glimmer"},
                                  extensions={"timeout": timeouts}) as response:
                     if response.status in _REDIRECTS:
-                        location = dict(response.headers).get(b"Location")
+                        # a header's name is case-insensitive (RFC 9110 §5.1): Envoy sends `location:`
+                        location = next((value for name, value in response.headers if name.lower() == b"location"),
+                                        None)
                         if location is None:
                             raise RemoteMediaError(f"HTTP {response.status} without a Location header")
                         url = urljoin(url, location.decode("latin-1"))

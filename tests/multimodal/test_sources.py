@@ -380,7 +380,7 @@ def test_errors_about_all_items_together_are_left_as_they_are():
 @pytest.fixture
 def http_server():
     """A loopback HTTP server: /cat.png (an image), /big (too large), /loop (redirects forever), /slow, /to-ftp
-    (redirects to a presigned ftp: URL)."""
+    (redirects to a presigned ftp: URL), /to-cat (redirects to /cat.png with its header named `location:`)."""
     import threading
     import time
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -391,6 +391,11 @@ def http_server():
                 self.send_response(302)
                 self.send_header("Location", "/loop" if self.path == "/loop" else
                                  "ftp://files.example/cat.png?X-Amz-Signature=redirected-secret")
+                self.end_headers()
+                return
+            if self.path == "/to-cat":
+                self.send_response(301)
+                self.send_header("location", "/cat.png")  # as Envoy writes header names, in lower case
                 self.end_headers()
                 return
             if self.path == "/slow":
@@ -428,6 +433,13 @@ def test_remote_fetching_when_enabled_is_bounded(http_server, caplog):
             f"image 0: {http_server}{path} could not be fetched (an unreachable or refused address, an answer other "
             "than HTTP 200 with an image, more than 2 redirects, more than 1,000 bytes or more than 1.0 s)")
         assert reason in caplog.text
+
+
+def test_a_redirect_is_followed_whatever_the_case_of_its_location_header(http_server):
+    """A header's name is case-insensitive (RFC 9110 §5.1): a redirect whose header is `location:` (Envoy's
+    spelling) was refused as "HTTP 301 without a Location header"."""
+    policy = MediaFetchPolicy.create(allowed_domains=["127.0.0.1"], timeout_s=5.0)
+    assert load_media_reference(f"{http_server}/to-cat", "image", 0, policy) == _png()
 
 
 def test_a_failed_fetch_is_logged_and_refused_without_the_urls_userinfo(http_server, caplog):
