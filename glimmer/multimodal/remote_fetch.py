@@ -38,7 +38,7 @@ import ssl
 import threading
 import time
 from typing import NoReturn
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import quote, urljoin, urlsplit, urlunsplit
 
 import httpcore
 from httpcore._backends.sync import SyncStream  # (httpcore's own stream of a socket; not exported)
@@ -59,6 +59,38 @@ _NOT_PUBLIC_V6 = tuple(ipaddress.ip_network(net) for net in (
     "fec0::/10",  # site-local (RFC 3879, deprecated), routed inside a site where still configured
 ))
 _USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*:/*)[^/?#]*@")  # RFC 3986 §3.2.1: up to the last @ of the authority
+
+
+# WHATWG URL: C0 controls and spaces around a URL are no part of it
+_C0_CONTROL_OR_SPACE = "".join(map(chr, range(0x21)))
+# what a URL holds as it is; anything else is percent-encoded (RFC 3986 §2, with `%` kept: an escape already there)
+_URL_CHARACTERS = "!#$%&'()*+,/:;=?@[]~"
+
+
+def _request_url(url: str) -> str:
+    """`url` as HTTP carries it, as browsers and requests and aiohttp (vLLM's HTTP clients) send it: spaces and controls
+    around it dropped, a character outside ASCII or one no URL holds (a space, `"`, `<`) percent-encoded as its UTF-8
+    bytes (RFC 3986 §2.1; a redirect's raw bytes, read by `_header_text`, as they came), a host outside ASCII in IDNA
+    (`xn--`), the fragment left out. httpcore refuses such a URL: `http://host/café.png` or `/photo 1.png` could not
+    be fetched. Raises RemoteMediaError for a host IDNA cannot spell, text no bytes spell (a lone surrogate) or a URL
+    urllib cannot split."""
+    try:
+        parts = urlsplit(url.strip(_C0_CONTROL_OR_SPACE))
+        userinfo, at, host_and_port = parts.netloc.rpartition("@")
+        if not host_and_port.isascii():  # (an IPv6 address is ASCII: the host is all before the port's ':')
+            host, colon, port = host_and_port.partition(":")
+            host_and_port = host.encode("idna").decode("ascii") + colon + port
+        userinfo, path, query = (quote(text, _URL_CHARACTERS, errors="surrogateescape")
+                                 for text in (userinfo, parts.path, parts.query))
+        return urlunsplit((parts.scheme, userinfo + at + host_and_port, path, query, ""))
+    except (UnicodeError, ValueError) as error:  # (ValueError: an unclosed IPv6 bracket)
+        raise RemoteMediaError(f"not a URL HTTP can carry: {loggable_url(url)!r} ({error})") from None
+
+
+def _header_text(value: bytes) -> str:
+    """A header's value as text, its bytes UTF-8 as browsers and requests read a redirect's Location; a byte that is
+    no UTF-8 is kept as itself (`surrogateescape`), which `_request_url` sends on as it came."""
+    return value.decode("utf-8", errors="surrogateescape")
 
 
 def loggable_url(url: str) -> str:
@@ -289,6 +321,7 @@ def _fetch(url: str, backend: _GuardedBackend) -> bytes:
             # each hop's waits end by the deadline too
             left = min(backend.time_left("following redirects"), LONGEST_SOCKET_WAIT_S)
             timeouts = {"connect": left, "read": left, "write": left, "pool": left}
+            url = _request_url(url)
             parts = urlsplit(url)
             host = (parts.hostname or "").rstrip(".")
             if parts.scheme not in ("http", "https") or not host:
@@ -304,7 +337,7 @@ def _fetch(url: str, backend: _GuardedBackend) -> bytes:
                                         None)
                         if location is None:
                             raise RemoteMediaError(f"HTTP {response.status} without a Location header")
-                        url = urljoin(url, location.decode("latin-1"))
+                        url = urljoin(url, _header_text(location))
                         continue
                     if response.status != 200:
                         raise RemoteMediaError(f"HTTP {response.status}")

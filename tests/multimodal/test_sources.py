@@ -6,6 +6,7 @@ import base64
 import io
 import logging
 import re
+import socket
 from urllib.parse import quote
 
 import pytest
@@ -13,6 +14,7 @@ from PIL import Image
 
 from glimmer.errors import RequestError
 from glimmer.multimodal import MediaError, MediaLimitError, MediaLimits, MediaProcessor
+from glimmer.multimodal.remote_fetch import RemoteMediaError, fetch_remote
 from glimmer.multimodal.sources import (
     MediaFetchPolicy,
     collect_media,
@@ -380,7 +382,9 @@ def test_errors_about_all_items_together_are_left_as_they_are():
 @pytest.fixture
 def http_server():
     """A loopback HTTP server: /cat.png (an image), /big (too large), /loop (redirects forever), /slow, /to-ftp
-    (redirects to a presigned ftp: URL), /to-cat (redirects to /cat.png with its header named `location:`)."""
+    (redirects to a presigned ftp: URL), /to-cat (redirects to /cat.png with its header named `location:`), /echo/...
+    (answers with its own path, as it was sent), /to-cafe (redirects to `/echo/café noir.png` in raw UTF-8 bytes, as
+    some servers write a Location)."""
     import threading
     import time
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -398,6 +402,11 @@ def http_server():
                 self.send_header("location", "/cat.png")  # as Envoy writes header names, in lower case
                 self.end_headers()
                 return
+            if self.path == "/to-cafe":
+                self.send_response(302)
+                self.send_header("Location", "/echo/café noir.png".encode().decode("latin-1"))  # sent as these bytes
+                self.end_headers()
+                return
             if self.path == "/slow":
                 self.send_response(200)
                 self.end_headers()
@@ -406,8 +415,12 @@ def http_server():
                     self.wfile.flush()
                     time.sleep(0.05)
                 return
-            body = _png() if self.path == "/cat.png" else b"y" * 5000
-            self.send_response(200 if self.path in ("/cat.png", "/big") else 404)
+            status, body = 404, b"y" * 5000
+            if self.path in ("/cat.png", "/big"):
+                status, body = 200, _png() if self.path == "/cat.png" else body
+            elif self.path.startswith("/echo/"):
+                status, body = 200, self.path.encode()
+            self.send_response(status)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
@@ -440,6 +453,23 @@ def test_a_redirect_is_followed_whatever_the_case_of_its_location_header(http_se
     spelling) was refused as "HTTP 301 without a Location header"."""
     policy = MediaFetchPolicy.create(allowed_domains=["127.0.0.1"], timeout_s=5.0)
     assert load_media_reference(f"{http_server}/to-cat", "image", 0, policy) == _png()
+
+
+def test_a_url_with_spaces_or_characters_outside_ascii_is_sent_percent_encoded(http_server, monkeypatch):
+    """As browsers, requests and aiohttp (vLLM's clients) send it: httpcore refused such a URL, so an image at
+    `http://host/café noir.png` could not be fetched. A host outside ASCII goes by its IDNA name."""
+    policy = MediaFetchPolicy.create(allowed_domains=["127.0.0.1", "xn--caf-dma.test"], timeout_s=5.0)
+    assert fetch_remote(f" {http_server}/echo/café noir.png?q=é&r=%C3%A9#part \n", policy) == \
+        b"/echo/caf%C3%A9%20noir.png?q=%C3%A9&r=%C3%A9"
+    assert fetch_remote(f"{http_server}/to-cafe", policy) == b"/echo/caf%C3%A9%20noir.png"
+    looked_up = []
+    real_getaddrinfo = socket.getaddrinfo
+    monkeypatch.setattr(socket, "getaddrinfo", lambda host, *args, **kwargs: looked_up.append(host) or
+                        real_getaddrinfo("127.0.0.1", *args, **kwargs))
+    assert fetch_remote(http_server.replace("127.0.0.1", "café.test") + "/echo/x.png", policy) == b"/echo/x.png"
+    assert looked_up == ["xn--caf-dma.test"]
+    with pytest.raises(RemoteMediaError, match="not a URL HTTP can carry"):  # a lone surrogate spells no bytes
+        fetch_remote(f"{http_server}/echo/\ud800.png", policy)
 
 
 def test_a_failed_fetch_is_logged_and_refused_without_the_urls_userinfo(http_server, caplog):
