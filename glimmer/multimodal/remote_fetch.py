@@ -19,6 +19,9 @@ every connection is shut down (`_GuardedBackend.cut`), which ends whatever read 
 not yet made has nothing to cut: its handshake is waited on a CANCEL_CHECK_S at a time (`_GuardedBackend._connect`),
 so that a cancel ends it too.
 
+A body compressed for the transfer (Content-Encoding gzip or deflate) is decoded, and the size limit bounds what it
+decodes to, as it is decoded (`_read_body`), so that a gzip bomb costs no more memory than an honest body.
+
 Every failure, from a refused address to a closed port, a 404 or a download over the size limit, reads the
 same to the client (`RemoteMediaError`), so that errors cannot map the network; the server log has the
 reason.
@@ -37,6 +40,7 @@ import socket
 import ssl
 import threading
 import time
+import zlib
 from typing import NoReturn
 from urllib.parse import quote, urljoin, urlsplit, urlunsplit
 
@@ -355,15 +359,41 @@ def _fetch(url: str, backend: _GuardedBackend) -> bytes:
 
 
 def _read_body(response: httpcore.Response, backend: _GuardedBackend) -> bytes:
+    """The body of `response`, decoded from its content coding (`_content_decoder`); `policy.max_bytes` bounds the
+    decoded bytes, of which no more than one past it is ever decoded: a gzip bomb's 64 MiB come from 64 KiB."""
     policy = backend.policy
+    decoder = _content_decoder(response)
     chunks, total = [], 0
     for chunk in response.iter_stream():
         if backend.cancel is not None:
             backend.cancel.check()
         if time.monotonic() > backend.deadline:  # the read timeout is per read; this bounds the whole download
             raise RemoteMediaError(f"the download took longer than {policy.timeout_s} s")
+        if decoder is not None:
+            chunk = decoder.decompress(chunk, policy.max_bytes - total + 1)
         total += len(chunk)
         if total > policy.max_bytes:
             raise RemoteMediaError(f"the body is larger than {policy.max_bytes:,} bytes")
         chunks.append(chunk)
+    if decoder is not None and (not decoder.eof or decoder.unused_data):
+        raise RemoteMediaError("the compressed body (Content-Encoding) is cut short or has data after its end")
     return b"".join(chunks)
+
+
+# Content-Encoding → zlib's wbits: gzip (RFC 9110 §8.4.1.3, x-gzip its alias) and deflate (§8.4.1.2, zlib's format)
+_ZLIB_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+
+
+def _content_decoder(response: httpcore.Response) -> zlib._Decompress | None:
+    """The decoder of the body's Content-Encoding; None for none (or identity). A server may compress a body asked for
+    without Accept-Encoding (RFC 9110 §12.5.3: any coding is acceptable then), as S3 serves an object stored with
+    `Content-Encoding: gzip`; requests and aiohttp (vLLM's HTTP clients) decode it too. Raises RemoteMediaError for a
+    coding other than one gzip or deflate (br, zstd, or several)."""
+    codings = [coding.strip().lower() for name, value in response.headers if name.lower() == b"content-encoding"
+               for coding in value.decode("latin-1").split(",")]
+    codings = [coding for coding in codings if coding not in ("", "identity")]
+    if not codings:
+        return None
+    if len(codings) > 1 or codings[0] not in _ZLIB_WBITS:
+        raise RemoteMediaError(f"the body's Content-Encoding {', '.join(codings)!r} is not read; gzip and deflate are")
+    return zlib.decompressobj(wbits=_ZLIB_WBITS[codings[0]])

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import base64
+import gzip
 import io
 import logging
 import re
 import socket
+import tracemalloc
+import zlib
 from urllib.parse import quote
 
 import pytest
@@ -379,12 +382,27 @@ def test_errors_about_all_items_together_are_left_as_they_are():
     assert err.value is error and err.value.param == "messages"
 
 
+def _gzip_bomb(decoded_bytes: int) -> bytes:
+    """gzip of `decoded_bytes` zero bytes (about a thousandth of that), compressed a MiB at a time."""
+    compressor = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    block = bytes(1 << 20)
+    return b"".join(compressor.compress(block) for _ in range(decoded_bytes >> 20)) + compressor.flush()
+
+
+# path → (Content-Encoding, the body sent): the PNG compressed, a gzip bomb of 256 MiB of zeros in 256 KiB, a gzip cut
+# short, codings that are not read
+_COMPRESSED = {"/gzip": ("gzip", lambda: gzip.compress(_png())), "/x-gzip": ("X-Gzip", lambda: gzip.compress(_png())),
+               "/deflate": ("deflate", lambda: zlib.compress(_png())), "/identity": ("identity", _png),
+               "/bomb": ("gzip", lambda: _gzip_bomb(256 << 20)), "/cut": ("gzip", lambda: gzip.compress(_png())[:-20]),
+               "/br": ("br", _png), "/twice": ("gzip, gzip", lambda: gzip.compress(gzip.compress(_png())))}
+
+
 @pytest.fixture
 def http_server():
     """A loopback HTTP server: /cat.png (an image), /big (too large), /loop (redirects forever), /slow, /to-ftp
     (redirects to a presigned ftp: URL), /to-cat (redirects to /cat.png with its header named `location:`), /echo/...
     (answers with its own path, as it was sent), /to-cafe (redirects to `/echo/café noir.png` in raw UTF-8 bytes, as
-    some servers write a Location)."""
+    some servers write a Location), /gzip and the others of `_COMPRESSED` (a body sent compressed)."""
     import threading
     import time
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -415,13 +433,17 @@ def http_server():
                     self.wfile.flush()
                     time.sleep(0.05)
                 return
-            status, body = 404, b"y" * 5000
+            status, headers, body = 404, {}, b"y" * 5000
             if self.path in ("/cat.png", "/big"):
                 status, body = 200, _png() if self.path == "/cat.png" else body
             elif self.path.startswith("/echo/"):
                 status, body = 200, self.path.encode()
+            elif self.path in _COMPRESSED:
+                status, (coding, compress) = 200, _COMPRESSED[self.path]
+                headers, body = {"Content-Encoding": coding}, compress()
             self.send_response(status)
-            self.send_header("Content-Length", str(len(body)))
+            for name, value in {"Content-Length": str(len(body)), **headers}.items():
+                self.send_header(name, value)
             self.end_headers()
             self.wfile.write(body)
 
@@ -470,6 +492,28 @@ def test_a_url_with_spaces_or_characters_outside_ascii_is_sent_percent_encoded(h
     assert looked_up == ["xn--caf-dma.test"]
     with pytest.raises(RemoteMediaError, match="not a URL HTTP can carry"):  # a lone surrogate spells no bytes
         fetch_remote(f"{http_server}/echo/\ud800.png", policy)
+
+
+def test_a_compressed_body_is_decoded_and_its_decoded_size_bounded_as_it_is_decoded(http_server):
+    """A server may compress a body asked for without Accept-Encoding (RFC 9110 §12.5.3), as S3 serves an object stored
+    with `Content-Encoding: gzip`: requests and aiohttp (vLLM's clients) decode it, where the fetcher took the
+    compressed bytes for the image. A gzip bomb (256 MiB of zeros in 256 KiB) is refused by the size limit without
+    being decoded: no more than one byte past the limit is decoded from each chunk."""
+    policy = MediaFetchPolicy.create(allowed_domains=["127.0.0.1"], max_bytes=4096, timeout_s=30.0)
+    for path in ("/gzip", "/x-gzip", "/deflate", "/identity"):
+        assert load_media_reference(f"{http_server}{path}", "image", 0, policy) == _png()
+    tracemalloc.start()
+    try:
+        with pytest.raises(RemoteMediaError, match="larger than 4,096 bytes"):
+            fetch_remote(f"{http_server}/bomb", policy)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20  # a chunk of the bomb decoded whole is 64 MiB or more
+    for path, refusal in (("/cut", "cut short"), ("/br", "Content-Encoding 'br' is not read"),
+                          ("/twice", "Content-Encoding 'gzip, gzip' is not read")):
+        with pytest.raises(RemoteMediaError, match=refusal):
+            fetch_remote(f"{http_server}{path}", policy)
 
 
 def test_a_failed_fetch_is_logged_and_refused_without_the_urls_userinfo(http_server, caplog):
