@@ -332,9 +332,11 @@ def _fetch(url: str, backend: _GuardedBackend) -> bytes:
                 raise RemoteMediaError(f"not an http(s) URL with a host: {loggable_url(url)!r}")
             if not policy.allows_host(host):
                 raise RemoteMediaError(f"{host!r} is not among --allowed-media-domains")
+            answered = False  # whether the answer's head came: a cut after it cut the download, not the wait
             try:
                 with pool.stream("GET", url, headers={"Accept": "*/*", "User-Agent": "glimmer"},
                                  extensions={"timeout": timeouts}) as response:
+                    answered = True
                     if response.status in _REDIRECTS:
                         # a header's name is case-insensitive (RFC 9110 §5.1): Envoy sends `location:`
                         location = next((value for name, value in response.headers if name.lower() == b"location"),
@@ -353,7 +355,8 @@ def _fetch(url: str, backend: _GuardedBackend) -> bytes:
                 raise
             except Exception as error:  # network, TLS, protocol and URL errors of every kind
                 if backend.was_cut or isinstance(error, httpcore.TimeoutException):
-                    backend.raise_cut_short(f"no answer within {policy.timeout_s} s")
+                    backend.raise_cut_short(f"the download took longer than {policy.timeout_s} s" if answered
+                                            else f"no answer within {policy.timeout_s} s")
                 raise RemoteMediaError(f"{type(error).__name__}: {error}") from None
     raise RemoteMediaError(f"more than {policy.max_redirects} redirects")
 

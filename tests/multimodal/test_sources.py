@@ -425,6 +425,14 @@ def http_server():
                 self.send_header("Location", "/echo/café noir.png".encode().decode("latin-1"))  # sent as these bytes
                 self.end_headers()
                 return
+            if self.path == "/stall":  # its head and a tenth of its body, then nothing until the client cuts it
+                self.send_response(200)
+                self.send_header("Content-Length", "100")
+                self.end_headers()
+                self.wfile.write(b"x" * 10)
+                self.wfile.flush()
+                time.sleep(3)
+                return
             if self.path == "/slow":
                 self.send_response(200)
                 self.end_headers()
@@ -468,6 +476,17 @@ def test_remote_fetching_when_enabled_is_bounded(http_server, caplog):
             f"image 0: {http_server}{path} could not be fetched (an unreachable or refused address, an answer other "
             "than HTTP 200 with an image, more than 2 redirects, more than 1,000 bytes or more than 1.0 s)")
         assert reason in caplog.text
+
+
+def test_a_download_cut_at_the_deadline_after_the_answer_began_is_logged_as_one(http_server, caplog):
+    """A body that stops coming is cut at the deadline by the watchdog; the log says the download took too long, as
+    for a body that comes slowly, where it said "no answer within" (and test_remote_fetching_when_enabled_is_bounded's
+    slow body read either way, as the watchdog or the reader saw the deadline first)."""
+    policy = MediaFetchPolicy.create(allowed_domains=["127.0.0.1"], timeout_s=0.5)
+    with caplog.at_level(logging.INFO), pytest.raises(RequestError, match="could not be fetched"):
+        load_media_reference(f"{http_server}/stall", "image", 0, policy)
+    assert "the download took longer than 0.5 s" in caplog.text
+    assert "no answer within" not in caplog.text
 
 
 def test_a_redirect_is_followed_whatever_the_case_of_its_location_header(http_server):
