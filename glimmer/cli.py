@@ -472,6 +472,13 @@ def _serve(args: argparse.Namespace, sigterm: SigtermWatch) -> int:
         # uvicorn re-raises the signal it shut down for: Ctrl-C as KeyboardInterrupt, SIGTERM as Terminated
         with contextlib.suppress(KeyboardInterrupt):
             server.run(sockets=[listener])
+    except _CannotListen as failure:
+        # the port was bound before the model loaded, but another server loading then holds its own bound and not
+        # yet listened on, which that bind (SO_REUSEADDR) does not refuse: the first of the two to be ready takes it
+        where, flags = (args.uds, "--uds") if args.uds is not None else (f"{args.host}:{args.port}",
+                                                                          "--port or --host")
+        raise _cannot_listen(where, failure.error, flags,
+                             " (another server began listening there while the model loaded)") from None
     except Terminated:
         if server is None:  # before serving: _heeding_sigterm says so, once this has cleaned up
             raise
@@ -687,6 +694,20 @@ def _no_color() -> bool:
     return bool(os.environ.get("NO_COLOR"))
 
 
+class _CannotListen(Exception):
+    """The server's socket, bound before the model loaded, could not be listened on (`error`) as it began serving."""
+
+    def __init__(self, error: OSError):
+        super().__init__(str(error))
+        self.error = error
+
+
+def _cannot_listen(where: str, error: OSError, flags: str, why: str = "") -> UsageError:
+    """The refusal of an address (`host:port`, a socket file) the server cannot listen on, saying to choose another
+    with `flags`."""
+    return UsageError(f"cannot listen on {where}: {error.strerror or error}{why}; choose another {flags}")
+
+
 def _shutdown_server(engine: Any, config: Any) -> Any:
     """A uvicorn server that, at the first shutdown signal, stops the engine's requests: each open stream ends
     with an error event and `[DONE]` and each waiting non-streamed request gets a 503 body, instead of generating
@@ -701,8 +722,13 @@ def _shutdown_server(engine: Any, config: Any) -> Any:
 
     class ShutdownServer(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            """Raises _CannotListen where the socket cannot be listened on."""
             log_accept_failures_briefly(asyncio.get_running_loop())
-            await super().startup(sockets)
+            try:
+                await super().startup(sockets)
+            except OSError as error:  # uvicorn lets a given socket's listen() fail out of its startup
+                await self.lifespan.shutdown()  # (left running, its task was cancelled with a traceback)
+                raise _CannotListen(error) from None
 
         def handle_exit(self, sig: int, frame: Any) -> None:
             # uvicorn runs this signal handler on the event loop's thread, between two bytecodes of whatever runs
@@ -854,8 +880,7 @@ def _bind(host: str, port: int) -> socket.socket:
     try:
         return tcp_listener(host, port)
     except OSError as error:
-        raise UsageError(f"cannot listen on {host}:{port}: {error.strerror or error}; choose another --port "
-                         "or --host") from None
+        raise _cannot_listen(f"{host}:{port}", error, "--port or --host") from None
 
 
 def _bind_unix(path: str) -> socket.socket:
@@ -882,7 +907,7 @@ def _bind_unix(path: str) -> socket.socket:
         listener.bind(path)
     except OSError as error:
         listener.close()
-        raise UsageError(f"cannot listen on {path}: {error.strerror or error}; choose another --uds") from None
+        raise _cannot_listen(path, error, "--uds") from None
     return listener
 
 

@@ -1258,6 +1258,40 @@ def test_a_busy_port_is_reported_before_the_model_loads(capsys, tmp_path):
         _fails_with_one_line(capsys, ["serve", str(tmp_path / "missing"), "--port", str(port)], f":{port}", "--port")
 
 
+_ANOTHER_SERVER_LISTENS_FIRST = """\
+import sys, glimmer.cli
+from glimmer.server.connection import tcp_listener
+
+other = tcp_listener("127.0.0.1", 0)  # another `glimmer serve` loading its model: the port bound, not yet listened on
+load = glimmer.cli._engine_from_args
+
+
+def load_while_the_other_gets_ready(args):
+    loaded = load(args)
+    other.listen()  # the other server was serving first
+    return loaded
+
+
+glimmer.cli._engine_from_args = load_while_the_other_gets_ready
+sys.exit(glimmer.cli.main([*sys.argv[1:], "--port", str(other.getsockname()[1])]))
+"""
+
+
+def test_a_port_another_server_listened_on_while_the_model_loaded_is_reported_in_one_line(tiny_checkpoint):
+    """A busy port is reported before the model loads, but a server still loading its own model holds its port bound
+    and not yet listened on, which a second bind (SO_REUSEADDR, as a restarted server needs) does not refuse: two
+    servers started on one port both loaded their models, and the second to be ready died as uvicorn listened, with
+    two tracebacks ending `OSError: [Errno 98] Address already in use` and status 1."""
+    result = subprocess.run([sys.executable, "-c", _ANOTHER_SERVER_LISTENS_FIRST, "serve", str(tiny_checkpoint),
+                             "--kv-cache-memory", "32MiB"], capture_output=True, text=True, timeout=300,
+                            stdin=subprocess.DEVNULL)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("glimmer: error: cannot listen on 127.0.0.1:"), result.stderr
+    assert "another server" in last and "--port" in last, last
+
+
 def test_make_tiny_refuses_a_non_empty_directory_without_force(capsys, tmp_path):
     from glimmer.cli import main
 
