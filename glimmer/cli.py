@@ -884,8 +884,10 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def _bind_unix(path: str) -> socket.socket:
-    """A Unix domain socket at `path` for the server (vLLM's --uds); UsageError if it cannot be made. A socket file
-    that nothing listens on (left by a server that was killed) is replaced; one a server listens on is not."""
+    """A Unix domain socket at `path` for the server (vLLM's --uds), listened on; UsageError if it cannot be made. A
+    socket file that nothing listens on (left by a server that was killed) is replaced; one a server listens on is
+    not. It is listened on at once, before the model loads: a server bound alone looked like a killed one to a
+    second server on the path, which replaced its file (connections wait for the server to accept them)."""
     _refuse_empty_argument(path, "--uds", "give the path of the socket file to create")
     try:
         is_socket, exists = Path(path).is_socket(), Path(path).exists()
@@ -905,6 +907,7 @@ def _bind_unix(path: str) -> socket.socket:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         listener.bind(path)
+        listener.listen()
     except OSError as error:
         listener.close()
         raise _cannot_listen(path, error, "--uds") from None

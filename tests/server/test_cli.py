@@ -803,6 +803,35 @@ sys.exit(__import__("glimmer.cli").cli.main(sys.argv[1:]))
 """
 
 
+def _serve_downloading_for_ever(socket_path: Path) -> subprocess.Popen:
+    """`glimmer serve owner/name --uds socket_path` (_HUB_DOWNLOAD_THAT_NEVER_ENDS), once its download has begun."""
+    process = subprocess.Popen([sys.executable, "-c", _HUB_DOWNLOAD_THAT_NEVER_ENDS, "serve", "owner/name", "--uds",
+                                str(socket_path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               stdin=subprocess.DEVNULL)
+    for line in process.stdout:
+        if line.startswith("download started"):
+            break
+    return process
+
+
+def test_a_unix_socket_a_server_loading_its_model_holds_is_refused_and_left_to_it(capsys, tmp_path):
+    """A server binds its --uds socket before its model loads, and was listening on it only once loaded: a second
+    server on the path took the file for one a killed server left (nothing accepted on it), removed it and bound its
+    own, so the first served on a socket no client could reach, and removed the second's file when it stopped."""
+    socket_path = tmp_path / "s.sock"
+    loading = _serve_downloading_for_ever(socket_path)
+    try:
+        held = socket_path.stat().st_ino
+        _fails_with_one_line(capsys, ["serve", str(tmp_path / "missing"), "--uds", str(socket_path)],
+                             f"--uds {socket_path}: a server is listening on it")
+        assert socket_path.stat().st_ino == held
+    finally:
+        loading.send_signal(signal.SIGTERM)
+        output = loading.communicate(timeout=120)[0]
+    assert loading.returncode == 0, output
+    assert not socket_path.exists()
+
+
 @pytest.mark.parametrize(("signal_name", "status", "said"), [
     ("SIGTERM", 0, "glimmer: stopped by SIGTERM before serving"),
     ("SIGINT", 130, ""),
@@ -812,13 +841,8 @@ def test_a_signal_while_serve_downloads_the_model_from_the_hub_ends_it_at_once(t
     then waited for: the server stayed up until every file of the model was in, or the supervisor's SIGKILL. The fake
     download never ends, so the server can stop only by leaving it."""
     socket_path = tmp_path / "s.sock"
-    process = subprocess.Popen([sys.executable, "-c", _HUB_DOWNLOAD_THAT_NEVER_ENDS, "serve", "owner/name", "--uds",
-                                str(socket_path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               stdin=subprocess.DEVNULL)
+    process = _serve_downloading_for_ever(socket_path)
     try:
-        for line in process.stdout:
-            if line.startswith("download started"):
-                break
         process.send_signal(getattr(signal, signal_name))
         output = process.communicate(timeout=120)[0]
     except subprocess.TimeoutExpired:
