@@ -199,8 +199,13 @@ class AsyncEngine:
         if not isinstance(params, SamplingParams):
             raise RequestError(f"sampling params must be a SamplingParams, not {type(params).__name__}",
                                param="sampling_params")
-        # what the engine thread admits later is the request as it is now (its `n` completions are counted here)
+        # what the engine thread admits later is the request as it is now (its `n` completions are counted here), not
+        # the params or lists its caller changed meanwhile (to reuse them for its next request)
         params = params.clone()
+        if isinstance(prompt_token_ids, list):
+            prompt_token_ids = prompt_token_ids.copy()
+        if isinstance(multimodal, list):
+            multimodal = multimodal.copy()
         if queue_limit:
             self.check_queue_limit()
         loop = asyncio.get_running_loop()

@@ -12,7 +12,7 @@ import weakref
 import pytest
 
 from glimmer import SamplingParams
-from glimmer.engine.async_engine import AsyncEngine, EngineShuttingDownError
+from glimmer.engine.async_engine import AsyncEngine, EngineShuttingDownError, FinishedCompletion
 from glimmer.engine.llm_engine import EngineConfig, LLMEngine
 from glimmer.errors import ConfigError, RequestError
 from glimmer.tiny import TinySpec
@@ -178,20 +178,29 @@ def test_a_generation_config_other_than_auto_or_vllm_is_refused_before_loading(m
         AsyncEngine(EngineConfig(model="/nonexistent/checkpoint", progress=False), generation_config=mode)
 
 
-def test_a_caller_that_leaves_while_its_request_waits_to_be_added_is_counted_as_aborted(tiny_checkpoint):
-    """A request cancelled while queued for admission (a client that disconnected before the engine thread took its
-    add) was never added and never reported to `on_finished`: /metrics' `vllm:request_success_total` had no abort for
-    it, where every other aborted completion counts one."""
-    engine = AsyncEngine(EngineConfig(model=str(tiny_checkpoint), progress=False, kv_cache_memory=8 << 20))
-    finished, holding, release = [], threading.Event(), threading.Event()
+def _held_after_the_first_completion(engine: AsyncEngine
+                                     ) -> tuple[list[FinishedCompletion], threading.Event, threading.Event]:
+    """(finished, holding, release): `finished` gets each completion the engine reports; reporting the first, the
+    engine thread sets `holding` and waits for `release`, so that commands queued meanwhile wait to be taken."""
+    finished: list[FinishedCompletion] = []
+    holding, release = threading.Event(), threading.Event()
 
-    def hold_the_engine_thread_after_the_first(completion) -> None:
+    def hold_the_engine_thread_after_the_first(completion: FinishedCompletion) -> None:
         finished.append(completion)
         if len(finished) == 1:
             holding.set()
             release.wait(60)
 
     engine.on_finished(hold_the_engine_thread_after_the_first)
+    return finished, holding, release
+
+
+def test_a_caller_that_leaves_while_its_request_waits_to_be_added_is_counted_as_aborted(tiny_checkpoint):
+    """A request cancelled while queued for admission (a client that disconnected before the engine thread took its
+    add) was never added and never reported to `on_finished`: /metrics' `vllm:request_success_total` had no abort for
+    it, where every other aborted completion counts one."""
+    engine = AsyncEngine(EngineConfig(model=str(tiny_checkpoint), progress=False, kv_cache_memory=8 << 20))
+    finished, holding, release = _held_after_the_first_completion(engine)
 
     async def read(stream) -> None:
         async for _ in stream:
@@ -304,4 +313,36 @@ def test_concurrent_callers_leaving_at_any_point_under_a_tiny_kv_pool_get_what_e
         assert all(count == 0 for count in engine.engine.kv.pages.ref_counts)
         assert engine.num_waiting_requests == 0 and not engine.engine.has_unfinished_requests
     finally:
+        engine.shutdown()
+
+
+def test_a_prompt_list_the_caller_changes_while_its_request_waits_to_be_added_is_admitted_as_it_was(tiny_checkpoint):
+    """The engine thread takes a request's add later than `generate` queues it: a caller that went on to reuse its
+    prompt list meanwhile (building its next prompt in it) had the engine admit the changed list, a prompt it never
+    sent, counted in the statistics at the length it had when sent. The sampling params were already copied then."""
+    engine = AsyncEngine(EngineConfig(model=str(tiny_checkpoint), progress=False, kv_cache_memory=8 << 20))
+    finished, holding, release = _held_after_the_first_completion(engine)
+
+    async def read(stream) -> list:
+        return [delta async for delta in stream]
+
+    async def reuse_the_list_while_queued() -> list:
+        first = asyncio.create_task(read(engine.generate("first", PROMPT, SamplingParams(max_tokens=1))))
+        await asyncio.get_running_loop().run_in_executor(None, holding.wait, 60)  # its end is reported, not yet sent
+        prompt = list(PROMPT)
+        queued = asyncio.create_task(read(engine.generate("queued", prompt, SamplingParams(max_tokens=1))))
+        while engine.num_waiting_requests == 0:  # the task has queued its add, which the held thread cannot take
+            await asyncio.sleep(0)
+        prompt += [7, 8, 9]
+        release.set()
+        await first
+        return await queued
+
+    try:
+        deltas = asyncio.run(asyncio.wait_for(reuse_the_list_while_queued(), 60))
+        assert [delta.num_prompt_tokens for delta in deltas] == [len(PROMPT)]
+        assert [completion.num_prompt_tokens for completion in finished] == [len(PROMPT), len(PROMPT)]
+        _assert_released(engine)
+    finally:
+        release.set()
         engine.shutdown()
