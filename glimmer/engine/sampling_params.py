@@ -40,6 +40,7 @@ SEED_RANGE = (-(2**63), 2**64)
 LOGIT_BIAS_RANGE = (-100.0, 100.0)
 """What OpenAI accepts as a token's bias; -100 bans a token, +100 all but forces it."""
 MAX_LOGIT_BIAS_ENTRIES = 4096
+LOGIT_BIAS_SIZE_RULE = f"must be a dict of token id → bias with at most {MAX_LOGIT_BIAS_ENTRIES} entries"
 CHAT_ALLOWED_TOKEN_IDS_REFUSAL = (
     "allowed_token_ids: not taken by chat, whose reply is written in the protocol's framing tokens (headers, "
     "channels, the end of the turn), which it would ban; use it with LLM.generate or /v1/completions on a prompt you "
@@ -301,8 +302,8 @@ class SamplingParams:
         for name in _OPTIONAL_IN_FROM_OPTIONAL:
             if name in arguments and arguments[name] is None:
                 del arguments[name]
-        if isinstance(arguments.get("logit_bias"), dict):
-            arguments["logit_bias"] = _vllm_logit_bias(arguments["logit_bias"])
+        if isinstance(arguments.get("logit_bias"), dict) and len(arguments["logit_bias"]) <= MAX_LOGIT_BIAS_ENTRIES:
+            arguments["logit_bias"] = _vllm_logit_bias(arguments["logit_bias"])  # (a larger one is refused as it is)
         return cls(**arguments)
 
     def clone(self) -> SamplingParams:
@@ -324,6 +325,15 @@ class SamplingParams:
             self.allowed_token_ids = list(self.allowed_token_ids)
         if isinstance(self.bad_words, tuple):
             self.bad_words = list(self.bad_words)
+        # sized before any entry is read: a server's request of a million ids or biases (a 4 MB body) had each one
+        # converted, on the event loop that every other stream waits for, before it was refused for its size
+        if self.allowed_token_ids is not None:
+            count = len(self.allowed_token_ids) if isinstance(self.allowed_token_ids, list) else 0
+            _check(0 < count <= MAX_ALLOWED_TOKEN_IDS, "allowed_token_ids",
+                   f"must be a non-empty list of at most {MAX_ALLOWED_TOKEN_IDS} token ids (None: every token)")
+        if self.logit_bias is not None:
+            _check(isinstance(self.logit_bias, dict) and len(self.logit_bias) <= MAX_LOGIT_BIAS_ENTRIES, "logit_bias",
+                   LOGIT_BIAS_SIZE_RULE)
         for name in _NUMBER_FIELDS:
             setattr(self, name, plain_number(getattr(self, name)))
         for name in ("stop_token_ids", "allowed_token_ids"):
@@ -405,9 +415,6 @@ class SamplingParams:
             _check(isinstance(self.cache_salt, str) and self.cache_salt != "", "cache_salt",
                    "must be a non-empty string (leave it out for no salt)")
         if self.allowed_token_ids is not None:
-            count = len(self.allowed_token_ids) if isinstance(self.allowed_token_ids, list) else 0
-            _check(0 < count <= MAX_ALLOWED_TOKEN_IDS, "allowed_token_ids",
-                   f"must be a non-empty list of at most {MAX_ALLOWED_TOKEN_IDS} token ids (None: every token)")
             bad = [t for t in self.allowed_token_ids if not (is_int(t) and t >= 0)]
             _check(not bad, "allowed_token_ids", f"{bad[0]!r} is not a token id (an integer >= 0)" if bad else "")
             _check(self.structured_outputs is None, "allowed_token_ids",
@@ -426,8 +433,6 @@ class SamplingParams:
             _check(self.structured_outputs is None or not self.bad_words, "bad_words",
                    "cannot be combined with structured_outputs: the grammar could force a banned token; drop one")
         if self.logit_bias is not None:
-            _check(isinstance(self.logit_bias, dict) and len(self.logit_bias) <= MAX_LOGIT_BIAS_ENTRIES, "logit_bias",
-                   f"must be a dict of token id → bias with at most {MAX_LOGIT_BIAS_ENTRIES} entries")
             low, high = LOGIT_BIAS_RANGE
             for token, bias in self.logit_bias.items():
                 _check(is_int(token) and token >= 0, "logit_bias",

@@ -10,7 +10,13 @@ Chat `stop` strings are not given to the engine: the server matches them against
 
 from __future__ import annotations
 
-from glimmer.engine.sampling_params import CHAT_ALLOWED_TOKEN_IDS_REFUSAL, MAX_LOGPROBS, SamplingParams
+from glimmer.engine.sampling_params import (
+    CHAT_ALLOWED_TOKEN_IDS_REFUSAL,
+    LOGIT_BIAS_SIZE_RULE,
+    MAX_LOGIT_BIAS_ENTRIES,
+    MAX_LOGPROBS,
+    SamplingParams,
+)
 from glimmer.errors import RequestError
 from glimmer.server.context import ServingContext
 from glimmer.server.schemas import ChatCompletionRequest, CompletionRequest
@@ -119,6 +125,8 @@ def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
     """OpenAI's `logit_bias` (token ids as JSON object keys) keyed by int; SamplingParams checks the values."""
     if not bias:
         return None
+    if len(bias) > MAX_LOGIT_BIAS_ENTRIES:  # before any key is read, as SamplingParams refuses it
+        raise RequestError(f"logit_bias: {LOGIT_BIAS_SIZE_RULE}", param="logit_bias")
     ids = {}
     keys: dict[int, str] = {}
     for key, value in bias.items():

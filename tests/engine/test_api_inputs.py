@@ -13,7 +13,12 @@ from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
 from glimmer import LLM, BeamSearchParams, SamplingParams, StructuredOutputsParams
-from glimmer.engine.sampling_params import MAX_N, MAX_TEMPERATURE
+from glimmer.engine.sampling_params import (
+    MAX_ALLOWED_TOKEN_IDS,
+    MAX_LOGIT_BIAS_ENTRIES,
+    MAX_N,
+    MAX_TEMPERATURE,
+)
 from glimmer.engine.vllm_arguments import VLLM_ONLY_ARGUMENTS, VLLM_ONLY_STRUCTURED_OUTPUTS_ARGUMENTS
 from glimmer.errors import RequestError, UnsupportedArgumentError
 
@@ -497,3 +502,40 @@ def test_chat_takes_one_sampling_params_per_conversation(llm):
     _refused(lambda: llm.chat(conversations, [SamplingParams(max_tokens=2)]), "sampling_params")
     _refused(lambda: llm.chat(conversations, [SamplingParams(max_tokens=2), {"max_tokens": 2}]), "sampling_params")
     assert not llm.engine.has_unfinished_requests
+
+
+class _CountedReads(dict):
+    """A dict that counts the reads of its entries."""
+
+    reads = 0
+
+    def items(self):
+        type(self).reads += 1
+        return super().items()
+
+
+class _CountedList(list):
+    """A list that counts the reads of its items."""
+
+    reads = 0
+
+    def __iter__(self):
+        type(self).reads += 1
+        return super().__iter__()
+
+
+def test_a_logit_bias_or_allowed_token_ids_too_large_is_refused_before_any_entry_is_read():
+    """Each entry was converted (a NumPy scalar to the number it holds) before the size was checked: a server request
+    of a million ids or biases, a 4 MB body, held the event loop, and every other stream, for a second or two before
+    its 400."""
+    too_many_biases = _CountedReads({token: 1.0 for token in range(MAX_LOGIT_BIAS_ENTRIES + 1)})
+    for make in (lambda: SamplingParams(logit_bias=too_many_biases),
+                 lambda: SamplingParams.from_optional(logit_bias=too_many_biases)):
+        assert f"at most {MAX_LOGIT_BIAS_ENTRIES} entries" in str(_refused(make, "logit_bias"))
+    assert _CountedReads.reads == 0
+    refusal = _refused(lambda: SamplingParams(allowed_token_ids=_CountedList([5] * (MAX_ALLOWED_TOKEN_IDS + 1))),
+                       "allowed_token_ids")
+    assert f"at most {MAX_ALLOWED_TOKEN_IDS} token ids" in str(refusal)
+    assert _CountedList.reads == 0
+    taken = SamplingParams(logit_bias=_CountedReads({5: 1.0}), allowed_token_ids=_CountedList([5]))
+    assert (taken.logit_bias, taken.allowed_token_ids) == ({5: 1.0}, [5])

@@ -17,7 +17,7 @@ import torch
 from oracle import reference_logits, reference_model
 from server_support import PINNED_DATE, live_server, spelled_text
 
-from glimmer.engine.sampling_params import SamplingParams
+from glimmer.engine.sampling_params import MAX_LOGIT_BIAS_ENTRIES, SamplingParams
 
 PROMPT = [5, 77, 130, 42, 99, 310, 12, 8, 250, 61]
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -261,6 +261,9 @@ def test_allowed_token_ids_keep_a_completion_to_those_tokens_greedy_and_sampled(
     ({"abc": 1}, "not a token id"), ({"-3": 1}, "not a token id"), ({"5": 101}, "[-100, 100]"),
     ({"99999": 1}, "outside the vocabulary"),
     ({"5": 100, "05": -100}, "keys '5' and '05' both name token 5"),  # one of them was silently dropped
+    # refused by its size before any key is read: each of a 4 MB body's 380,000 keys was read and converted first, on
+    # the event loop, holding every other stream for a second or more
+    ({**{str(i): 1 for i in range(MAX_LOGIT_BIAS_ENTRIES)}, "x": 1}, f"at most {MAX_LOGIT_BIAS_ENTRIES} entries"),
 ])
 def test_a_bad_logit_bias_is_400(server, bias, words):
     error = chat_error(server, logit_bias=bias)
