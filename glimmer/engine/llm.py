@@ -395,8 +395,9 @@ class LLM:
         """Token ids of a text prompt; BOS is added unless the text already starts with it (P-TMPL-5)."""
         return self.engine.encode_prompt(text)
 
-    def _prepare_dict_prompt(self, prompt: dict[str, Any], name: str) -> _Prepared:
-        """A prompt dict's text, token ids and media; errors name it as `name` ("prompt" or "prompts[i]")."""
+    def _prepare_dict_prompt(self, prompt: dict[str, Any], name: str, truncated: bool) -> _Prepared:
+        """A prompt dict's text, token ids and media; errors name it as `name` ("prompt" or "prompts[i]");
+        `truncated` as for `_normalize_prompts`."""
         for key, value in prompt.items():
             vllm_key = VLLM_ONLY_PROMPT_KEYS.get(key)
             if vllm_key is not None and not vllm_key.changes_nothing(value, prompt):
@@ -438,7 +439,7 @@ class LLM:
             raise RequestError(f"{name} needs a 'prompt' string or 'prompt_token_ids'", param=name)
         images, videos = (self._loaded_urls(_as_list(data.get(kind), kind), kind)
                           for kind in ("image", "video"))
-        ids, items = self.engine.prepare_prompt(text, images, videos)
+        ids, items = self.engine.prepare_prompt(text, images, videos, truncated=truncated)
         return text, ids, items
 
     def _loaded_urls(self, items: list, kind: str) -> list:
@@ -458,23 +459,23 @@ class LLM:
             return load_media_reference(item, kind, index, self.media_policy)
         return file_url_path(item, kind, index) if scheme == "file" else item
 
-    def _normalize_prompts(self, prompts: PromptType | SequenceABC[PromptType]) -> list[_Prepared]:
+    def _normalize_prompts(self, prompts: PromptType | SequenceABC[PromptType],
+                           truncated: SequenceABC[bool] | None = None) -> list[_Prepared]:
+        """Each prompt's text, token ids and media. `truncated[i]`: prompt i's truncate_prompt_tokens keeps only its
+        last tokens, so that a text of any length is tokenized (`LLMEngine.check_prompt_chars`)."""
+        listed = _listed_prompts(prompts)
         single = _is_single_prompt(prompts)
-        if single:
-            prompts = [prompts]  # type: ignore[list-item]
-        if not isinstance(prompts, SequenceABC) or isinstance(prompts, str):
-            raise RequestError("prompts must be a string, a list of token ids, a prompt dict, or a list of them",
-                               param="prompts")
         out: list[_Prepared] = []
-        for i, prompt in enumerate(prompts):
+        for i, prompt in enumerate(listed):
             name = "prompt" if single else f"prompts[{i}]"
+            cut = bool(truncated and truncated[i])
             with _naming_the_prompt(name):
                 if isinstance(prompt, str):
-                    out.append((prompt, self.encode_prompt(prompt), []))
+                    out.append((prompt, self.engine.encode_prompt(prompt, truncated=cut), []))
                 elif isinstance(prompt, list | tuple) and all(map(is_token_id, prompt)):
                     out.append((None, [operator.index(t) for t in prompt], []))
                 elif isinstance(prompt, dict):
-                    out.append(self._prepare_dict_prompt(prompt, name))
+                    out.append(self._prepare_dict_prompt(prompt, name, cut))
                 else:
                     raise RequestError(f"{name} is not a string, a list of token ids (integers) or a prompt dict",
                                        param=name)
@@ -494,20 +495,22 @@ class LLM:
         callable makes the bar (`functools.partial(tqdm, leave=False)`: called with `total` and `desc`). None (the
         default) shows it unless the LLM was made with `progress=False`: vLLM's default, True, unless told quiet."""
         check_not_forked("LLM.generate")
-        normalized = self._normalize_prompts(prompts)
+        count = len(_listed_prompts(prompts))
         if sampling_params is None:
-            params_list = [self.get_default_sampling_params()] * len(normalized)
+            params_list = [self.get_default_sampling_params()] * count
         elif isinstance(sampling_params, SamplingParams):
-            params_list = [sampling_params] * len(normalized)
+            params_list = [sampling_params] * count
         else:
             if not isinstance(sampling_params, SequenceABC) or isinstance(sampling_params, str):
                 raise RequestError("sampling_params must be a SamplingParams or a list of them (one per prompt), "
                                    f"not {type(sampling_params).__name__}", param="sampling_params")
             params_list = list(sampling_params)
-            if len(params_list) != len(normalized):
-                raise RequestError(f"sampling_params: {len(params_list)} for {len(normalized)} prompts; give one, or "
+            if len(params_list) != count:
+                raise RequestError(f"sampling_params: {len(params_list)} for {count} prompts; give one, or "
                                    "one per prompt", param="sampling_params")
             _check_sampling_params(params_list)
+        normalized = self._normalize_prompts(prompts, [params.truncate_prompt_tokens is not None
+                                                       for params in params_list])
         single = _is_single_prompt(prompts)
         params_list = [_salted(params, prompt, "prompt" if single else f"prompts[{i}]") for i, (params, prompt) in
                        enumerate(zip(params_list, [prompts] if single else prompts, strict=True))]
@@ -780,8 +783,9 @@ class LLM:
                 check_continued_call_is_read(final, rendering, which)
                 check_media_before_the_cut(conversation, final, which)
             continued.append(final)
+            truncated = requested[index].truncate_prompt_tokens is not None
             try:  # before loading media, as the server checks it: a prompt too long is refused naming what made it so
-                self.engine.check_prompt_chars(rendered.text)
+                self.engine.check_prompt_chars(rendered.text, truncated=truncated)
             except PromptTextTooLongError as error:
                 parts = prompt_text_parts(conversation, rendering, self.engine.tokenizer, {"documents": "documents"})
                 raise error.naming(_in_conversation(parts, which)) from None
@@ -791,7 +795,8 @@ class LLM:
                 for kind, reference in collect_media(conversation):
                     target = images if kind == "image" else videos
                     target.append(load_media_reference(reference, kind, len(target), self.media_policy))
-                ids, items = self.engine.prepare_prompt(rendered.text, images, videos, literals=rendered.literals)
+                ids, items = self.engine.prepare_prompt(rendered.text, images, videos, literals=rendered.literals,
+                                                        truncated=truncated)
             prepared.append((rendered.display_text, ids, items))
         chat_turns = [turns[id(params)] for params in requested]
         # the special tokens a reply hides are left out of its text by the engine (before their bytes are decoded)
@@ -870,6 +875,16 @@ class LLM:
         return _ChatTurn(replace(params, structured_outputs=None, stop=[], skip_special_tokens=False), factory,
                          structured is not None, list(params.stop), params.include_stop_str_in_output,
                          params.skip_special_tokens)
+
+
+def _listed_prompts(prompts: PromptType | SequenceABC[PromptType]) -> SequenceABC[PromptType]:
+    """`generate`'s prompts as a list (one prompt: a list of it); RequestError where they are neither."""
+    if _is_single_prompt(prompts):
+        return [prompts]  # type: ignore[list-item]
+    if not isinstance(prompts, SequenceABC) or isinstance(prompts, str):
+        raise RequestError("prompts must be a string, a list of token ids, a prompt dict, or a list of them",
+                           param="prompts")
+    return prompts
 
 
 def _is_single_prompt(prompts: object) -> bool:

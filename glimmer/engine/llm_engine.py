@@ -663,9 +663,11 @@ class LLMEngine:
         refused before the tokenizer spends time on them."""
         return (self.max_model_len - 1) * self.tokenizer.max_token_chars
 
-    def check_prompt_chars(self, text: str) -> None:
+    def check_prompt_chars(self, text: str, *, truncated: bool = False) -> None:
         """Raises RequestError for a prompt that is not a string of valid Unicode (a lone surrogate cannot be
-        tokenized), PromptTextTooLongError (a context-length refusal) for one longer than `max_prompt_chars`."""
+        tokenized), PromptTextTooLongError (a context-length refusal) for one longer than `max_prompt_chars` unless
+        `truncated` (its request's truncate_prompt_tokens keeps only its last tokens: as in vLLM, a text of any length
+        is tokenized and cut to them)."""
         if not isinstance(text, str):
             raise RequestError(f"the prompt must be a string, not {type(text).__name__}", param="prompt")
         try:
@@ -673,17 +675,19 @@ class LLMEngine:
         except UnicodeEncodeError as exc:
             raise RequestError(f"the prompt is not valid Unicode: {exc.reason} at character {exc.start}",
                                param="prompt") from None
-        if len(text) > self.max_prompt_chars:
+        if len(text) > self.max_prompt_chars and not truncated:
             raise PromptTextTooLongError(self.max_model_len, len(text), self.max_prompt_chars)
 
-    def encode_prompt(self, text: str, literals: Mapping[str, str] | None = None) -> list[int]:
+    def encode_prompt(self, text: str, literals: Mapping[str, str] | None = None, *, truncated: bool = False
+                      ) -> list[int]:
         """Token ids of a text prompt. BOS is added unless the text already starts with it: a prompt rendered
         by the chat template does, and a second BOS silently alters the output (P-TMPL-5). `literals`: caller
         text to keep plain (`protocol.RenderedPrompt.literals`).
 
-        Raises RequestError, before tokenizing, for a text longer than `max_prompt_chars`.
+        Raises RequestError, before tokenizing, for a text longer than `max_prompt_chars` (unless `truncated`:
+        `check_prompt_chars`).
         """
-        self.check_prompt_chars(text)
+        self.check_prompt_chars(text, truncated=truncated)
         bos = self.tokenizer.bos_token
         if literals is None:  # a caller's text: its BOS spelling is text where split_special_tokens makes it so
             starts_with_bos = bos is not None and text.startswith(bos) and not self.tokenizer.split_special_tokens
@@ -693,13 +697,13 @@ class LLMEngine:
 
     def prepare_prompt(
         self, text: str, images: list | tuple = (), videos: list | tuple = (), *,
-        literals: Mapping[str, str] | None = None, cancel: CancelToken | None = None,
+        literals: Mapping[str, str] | None = None, cancel: CancelToken | None = None, truncated: bool = False,
     ) -> tuple[list[int], list[MultimodalItem]]:
         """Token ids and media items for a text prompt whose `<|patch|>` / `<|video|>` placeholders match the
-        images and videos given (one placeholder per item, in order). `literals` as for `encode_prompt`;
-        `cancel` stops the media processing between items and frames (raising Cancelled)."""
+        images and videos given (one placeholder per item, in order). `literals` and `truncated` as for
+        `encode_prompt`; `cancel` stops the media processing between items and frames (raising Cancelled)."""
         if not images and not videos:
-            return self.encode_prompt(text, literals), []
+            return self.encode_prompt(text, literals, truncated=truncated), []
         if literals is None and self.tokenizer.split_special_tokens:
             raise RequestError(
                 "the checkpoint's tokenizer_config.json sets split_special_tokens, so a text prompt's "
@@ -707,9 +711,9 @@ class LLMEngine:
                 "and mark no media; give the prompt as token ids (prompt_token_ids) with its multi_modal_data, or "
                 "use chat", param="prompt")
         media = self._media_for(videos, param="messages")
-        self.check_prompt_chars(text)  # before decoding media that could not fit anyway
+        self.check_prompt_chars(text, truncated=truncated)  # before decoding media that could not fit anyway
         processed = media.process(text, images, videos, cancel=cancel)
-        token_ids = self.encode_prompt(processed.text, literals)
+        token_ids = self.encode_prompt(processed.text, literals, truncated=truncated)
         config = self.model_config
         return token_ids, attach_media(token_ids, processed, config.image_token_id, config.video_token_id)
 

@@ -124,8 +124,9 @@ def _built_chat_prompt(request: ChatCompletionRequest, context: ServingContext, 
         check_continued_call_is_read(final, rendering)
         check_media_before_the_cut(request.messages, final)
     engine = context.engine.engine
-    try:
-        engine.check_prompt_chars(rendered.text)  # before any media fetching, decoding or tokenizing
+    truncated = request.truncate_prompt_tokens is not None  # its end is kept, of a text of any length
+    try:  # before any media fetching, decoding or tokenizing
+        engine.check_prompt_chars(rendered.text, truncated=truncated)
     except PromptTextTooLongError as error:
         raise error.naming(prompt_text_parts(request.messages, rendering, tokenizer)) from None
     with naming_media_parts(request.messages):  # an item's error names its content part
@@ -133,7 +134,7 @@ def _built_chat_prompt(request: ChatCompletionRequest, context: ServingContext, 
         multimodal: list[MultimodalItem] = []
         if images or videos:
             token_ids, multimodal = engine.prepare_prompt(rendered.text, images, videos, literals=rendered.literals,
-                                                          cancel=cancel)
+                                                          cancel=cancel, truncated=truncated)
         else:
             token_ids = tokenizer.encode(rendered.text, literals=rendered.literals)
     _check_single_bos(token_ids, tokenizer.bos_token_id, tokenizer.bos_token)

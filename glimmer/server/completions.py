@@ -189,7 +189,8 @@ def _prompts(prompt: str | list[str] | list[int] | list[list[int]], add_special_
         name = f"prompt[{i}]" if batch else "prompt"
         try:
             if isinstance(text_or_ids, str):
-                ids.append(text_prompt_ids(text_or_ids, add_special_tokens, context))
+                ids.append(text_prompt_ids(text_or_ids, add_special_tokens, context,
+                                           truncated=params.truncate_prompt_tokens is not None))
                 if not ids[-1]:  # "" without the bos: the engine refused it only once the prompts before it ran
                     raise RequestError(f"{name}: must not be empty (add_special_tokens is false, so no bos is added "
                                        "to it); give it some text, or leave add_special_tokens true", param=name)
@@ -208,14 +209,15 @@ def _is_batch(prompt: str | list[str] | list[int] | list[list[int]]) -> bool:
     return isinstance(prompt, list) and not isinstance(prompt[0], int)
 
 
-def text_prompt_ids(text: str, add_special_tokens: bool, context: ServingContext) -> list[int]:
+def text_prompt_ids(text: str, add_special_tokens: bool, context: ServingContext, *, truncated: bool = False
+                    ) -> list[int]:
     """A text prompt's token ids: with the bos unless `add_special_tokens` is false or the text starts with one (a
     second bos silently alters the output, P-TMPL-5). Raises RequestError for a text the context cannot hold, before
-    tokenizing it."""
+    tokenizing it, unless `truncated` (truncate_prompt_tokens keeps its end: `LLMEngine.check_prompt_chars`)."""
     engine = context.engine.engine
     if add_special_tokens:
-        return engine.encode_prompt(text)
-    engine.check_prompt_chars(text)
+        return engine.encode_prompt(text, truncated=truncated)
+    engine.check_prompt_chars(text, truncated=truncated)
     return context.tokenizer.encode_input_text(text)
 
 

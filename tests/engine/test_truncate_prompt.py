@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 
 from glimmer import LLM, SamplingParams
-from glimmer.errors import RequestError
+from glimmer.errors import ContextLengthError, RequestError
 
 MAX_MODEL_LEN = 64
 PROMPT_IDS = [5, 77, 130, 42, 99, 310, 12, 8, 250, 61, 17, 23]
@@ -132,3 +132,29 @@ def test_an_image_cut_off_whole_is_dropped(vision_llm):
     assert truncated.prompt_token_ids == whole.prompt_token_ids[-4:]
     assert truncated.outputs[0].token_ids == vision_llm.generate(whole.prompt_token_ids[-4:], _greedy())[0] \
         .outputs[0].token_ids
+
+
+@pytest.mark.parametrize("form", ["text", "dict"])
+def test_a_text_longer_than_any_prompt_the_context_holds_is_cut_to_its_last_k_tokens(llm, form):
+    """As vLLM tokenizes a prompt of any length and keeps its last k tokens: a text past `max_prompt_chars`, which
+    without truncation is refused before it is tokenized, is read (it was refused all the same)."""
+    text = "the quick brown fox " * (llm.engine.max_prompt_chars // 20 + 1)
+    with pytest.raises(ContextLengthError):
+        llm.generate(text, _greedy())
+    ids = llm.get_tokenizer().encode(text)
+    truncated = llm.generate(text if form == "text" else {"prompt": text}, _greedy(truncate_prompt_tokens=10))[0]
+    assert truncated.prompt_token_ids == ids[-10:]
+    assert truncated.outputs[0].token_ids == llm.generate(ids[-10:], _greedy())[0].outputs[0].token_ids
+
+
+def test_chat_of_a_conversation_longer_than_any_prompt_the_context_holds_keeps_its_end(llm):
+    """Its end is the end of a shorter conversation of the same repeated words (whose tokens the tokenizer can give:
+    the long one's it refuses)."""
+    def conversation(repeats: int) -> list[dict[str, str]]:
+        return [{"role": "user", "content": "the quick brown fox " * repeats}]
+
+    messages = conversation(llm.engine.max_prompt_chars // 20 + 1)
+    with pytest.raises(ContextLengthError):
+        llm.chat(messages, _greedy())
+    shorter = llm.get_tokenizer().apply_chat_template(conversation(20), add_generation_prompt=True)["input_ids"]
+    assert llm.chat(messages, _greedy(truncate_prompt_tokens=10))[0].prompt_token_ids == shorter[-10:]

@@ -55,6 +55,18 @@ def test_a_text_prompt_past_max_model_len_fits_with_minus_one(server):
     assert scored["usage"]["prompt_tokens"] == MAX_MODEL_LEN
 
 
+@pytest.mark.parametrize("path", ["/completions", "/chat/completions"])
+def test_a_text_longer_than_any_prompt_the_context_holds_keeps_its_end(server, path):
+    """A text past the characters max_model_len tokens can hold, refused before tokenizing without truncation, is
+    tokenized and cut to its last k tokens, as vLLM reads it (it was a 400 all the same)."""
+    text = "the quick brown fox " * (server.engine.engine.max_prompt_chars // 20 + 1)
+    prompt = {"prompt": text} if path == "/completions" else {"messages": [{"role": "user", "content": text}]}
+    refused = post(server, path, **prompt)
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "context_length_exceeded"
+    reply = ok(post(server, path, truncate_prompt_tokens=10, **prompt))
+    assert reply["usage"]["prompt_tokens"] == 10 and reply["usage"]["completion_tokens"] == GREEDY["max_tokens"]
+
+
 def test_a_batch_truncates_each_prompt(server):
     batch = ok(post(server, "/completions", prompt=[PROMPT, PROMPT[:3]], truncate_prompt_tokens=5))
     assert batch["usage"]["prompt_tokens"] == 5 + 3
