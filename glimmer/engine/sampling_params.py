@@ -366,7 +366,9 @@ class SamplingParams:
             )
         _check(is_int(self.min_tokens) and self.min_tokens >= 0, "min_tokens", "must be an integer >= 0")
         if self.max_tokens is not None:
-            _check(self.min_tokens <= self.max_tokens, "min_tokens", "must not exceed max_tokens")
+            _check(self.min_tokens <= self.max_tokens, "min_tokens",
+                   f"{self.min_tokens} is more than max_tokens={self.max_tokens}; lower min_tokens to at most "
+                   f"{self.max_tokens}, or raise max_tokens")
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", "must be non-empty strings")
         _check(
             all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids),

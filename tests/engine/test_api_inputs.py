@@ -372,6 +372,16 @@ def test_min_tokens_with_structured_outputs_is_refused_at_construction():
              "min_tokens")
 
 
+def test_min_tokens_past_max_tokens_is_refused_naming_both_numbers_and_the_fix():
+    """As vLLM's "min_tokens must be less than or equal to max_tokens=3, got 5": the message said only "must not
+    exceed max_tokens"."""
+    with pytest.raises(RequestError) as caught:
+        SamplingParams(min_tokens=5, max_tokens=3)
+    assert caught.value.param == "min_tokens"
+    assert str(caught.value) == ("min_tokens: 5 is more than max_tokens=3; lower min_tokens to at most 3, or raise "
+                                 "max_tokens")
+
+
 def test_generate_refuses_what_is_not_a_sampling_params(llm):
     _refused(lambda: llm.generate(["a"], {"max_tokens": 4}), "sampling_params")
     _refused(lambda: llm.generate(["a", "b"], [SamplingParams(), {"max_tokens": 4}]), "sampling_params")

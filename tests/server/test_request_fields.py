@@ -204,7 +204,8 @@ def test_a_chat_token_limit_past_the_context_is_refused_naming_the_field_sent(se
     assert error["param"] == limit
     assert f"2048 in the completion); lower {limit} to at most" in error["message"]
     error = chat_error(server, **{"max_tokens": None, "messages": MESSAGES, limit: 5, "min_tokens": 10})
-    assert error["param"] == "min_tokens" and error["message"] == f"min_tokens: must not exceed {limit}"
+    assert error["param"] == "min_tokens"
+    assert error["message"] == f"min_tokens: 10 is more than {limit}=5; lower min_tokens to at most 5, or raise {limit}"
 
 
 def test_a_responses_tool_choice_of_the_chat_shape_gets_the_responses_shape_as_the_hint(server):
@@ -568,6 +569,18 @@ def test_a_min_tokens_the_context_cannot_hold_is_400_without_max_tokens_too(serv
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == "min_tokens" and error["message"].startswith("min_tokens: 1000000 is more than")
+
+
+def test_a_completions_min_tokens_past_max_tokens_is_400_naming_both_numbers(server):
+    """(Chat's: test_a_chat_token_limit_past_the_context_is_refused_naming_the_field_sent.) It said only "min_tokens:
+    must not exceed max_tokens"."""
+    response = httpx.post(server.base_url + "/completions", json={"model": "tiny", "prompt": PROMPT, "min_tokens": 5,
+                                                                  "max_tokens": 3}, timeout=60)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "min_tokens"
+    assert error["message"] == ("min_tokens: 5 is more than max_tokens=3; lower min_tokens to at most 3, or raise "
+                                "max_tokens")
 
 
 def streamed_chunks(server, path: str, **fields) -> list[dict]:
