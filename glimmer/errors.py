@@ -82,19 +82,26 @@ class ContextLengthError(RequestError):
     which clients such as LiteLLM match to tell this 400 from others; the code is OpenAI's. `parts`, where the caller
     measured them, say what made the prompt long, largest first (those of a twentieth of it or more, listed where
     there are several); the largest is the field named (`param`) where the prompt alone is too long, `max_tokens`
-    where the prompt fits and the completion asked for does not."""
+    where the prompt fits and the completion asked for does not. `truncated`: the prompt is what truncate_prompt_tokens
+    kept of it, filling the context, so that shortening it changes nothing: truncate_prompt_tokens is named."""
 
     code = "context_length_exceeded"
+    truncated = False
 
     def __init__(self, max_model_len: int, prompt_tokens: int, max_tokens: int | None = None,
-                 parts: Sequence[PromptPart] = ()):
+                 parts: Sequence[PromptPart] = (), *, truncated: bool = False):
         self.max_model_len = max_model_len
         self.prompt_tokens = prompt_tokens
         self.max_tokens = max_tokens
+        self.truncated = truncated
         self.parts = _largest_parts(parts, prompt_tokens)
         opening = f"This model's maximum context length is {max_model_len} tokens (max_model_len), but"
         shares, shorten = _shares_and_fix(self.parts)
-        if max_tokens is None:
+        if truncated:
+            super().__init__(f"{opening} truncate_prompt_tokens kept {prompt_tokens} tokens of the prompt, which leave "
+                             f"no room to generate; lower truncate_prompt_tokens to at most {max_model_len - 1} (-1 "
+                             "keeps max_model_len tokens)", param="truncate_prompt_tokens")
+        elif max_tokens is None:
             full = ", which leaves no room to generate" if prompt_tokens == max_model_len else ""
             super().__init__(f"{opening} the prompt has {prompt_tokens} tokens{shares}{full}; {shorten}",
                              param=self.parts[0].param if self.parts else "messages")
@@ -105,7 +112,9 @@ class ContextLengthError(RequestError):
                              param="max_tokens")
 
     def naming(self, parts: Sequence[PromptPart]) -> "ContextLengthError":
-        """This refusal saying what made the prompt long: `parts`."""
+        """This refusal saying what made the prompt long: `parts` (none made a truncated one long)."""
+        if self.truncated:
+            return self
         return ContextLengthError(self.max_model_len, self.prompt_tokens, self.max_tokens, parts)
 
 

@@ -82,12 +82,14 @@ def generation_budget(max_model_len: int, prompt_len: int, params: SamplingParam
     request before its min_tokens is looked at).
 
     Raises ContextLengthError when the prompt exceeds max_model_len or leaves no room to generate (param
-    "messages"), or less room than max_tokens (param "max_tokens"); RequestError when less than min_tokens asks for,
-    unless clamped.
+    "messages"; "truncate_prompt_tokens" where it kept them all), or less room than max_tokens (param "max_tokens");
+    RequestError when less than min_tokens asks for, unless clamped.
     """
     room = max_model_len - prompt_len
     if room < 0 or (room == 0 and params.max_tokens != 0):
-        raise ContextLengthError(max_model_len, prompt_len)
+        # a prompt truncate_prompt_tokens cut to max_model_len tokens: shortening it would keep as many
+        raise ContextLengthError(max_model_len, prompt_len,
+                                 truncated=room == 0 and params.truncate_prompt_tokens is not None)
     max_tokens = params.max_tokens if params.max_tokens is not None else room
     if clamp_max_tokens:
         max_tokens = min(max_tokens, room)

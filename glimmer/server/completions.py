@@ -244,8 +244,9 @@ def _controller_factory(request: CompletionRequest, context: ServingContext) -> 
 def naming_the_prompt(error: RequestError, name: str = "prompt") -> RequestError:
     """The engine names a prompt that cannot fit `messages` (the chat field) or `prompt`; this endpoint's field is
     `name`: `prompt`, or `prompt[i]` in a batch, so that a client can tell which of its prompts to shorten. A
-    max_tokens or min_tokens the context left by `prompt[i]` cannot hold keeps its field and names the prompt too."""
-    if error.param in ("max_tokens", "min_tokens") and name != "prompt":
+    max_tokens or min_tokens the context left by `prompt[i]` cannot hold, or a truncate_prompt_tokens that cannot cut
+    it, keeps its field and names the prompt too."""
+    if error.param in ("max_tokens", "min_tokens", "truncate_prompt_tokens") and name != "prompt":
         return error.with_message(f"{name}: {error}", error.param)
     if error.param not in ("messages", "prompt") or error.param == name:
         return error

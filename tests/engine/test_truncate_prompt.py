@@ -55,6 +55,17 @@ def test_minus_one_keeps_max_model_len_tokens(llm):
     assert out.prompt_token_ids == ids[-MAX_MODEL_LEN:] and len(out.prompt_logprobs) == MAX_MODEL_LEN
 
 
+@pytest.mark.parametrize("keep", [-1, MAX_MODEL_LEN])
+def test_a_cut_that_fills_the_context_is_refused_naming_truncate_prompt_tokens(llm, keep):
+    """It said to shorten the prompt, which truncate_prompt_tokens would cut to as many tokens again."""
+    with pytest.raises(ContextLengthError) as caught:
+        llm.generate((PROMPT_IDS * 10)[:MAX_MODEL_LEN + 7], _greedy(truncate_prompt_tokens=keep))
+    assert caught.value.param == "truncate_prompt_tokens"
+    assert str(caught.value).endswith(f"kept {MAX_MODEL_LEN} tokens of the prompt, which leave no room to generate; "
+                                      f"lower truncate_prompt_tokens to at most {MAX_MODEL_LEN - 1} (-1 keeps "
+                                      "max_model_len tokens)")
+
+
 @pytest.mark.parametrize("value", [0, -2, 1.5, True, "4"])
 def test_an_invalid_value_is_refused_naming_it(value):
     with pytest.raises(RequestError) as caught:

@@ -67,6 +67,25 @@ def test_a_text_longer_than_any_prompt_the_context_holds_keeps_its_end(server, p
     assert reply["usage"]["prompt_tokens"] == 10 and reply["usage"]["completion_tokens"] == GREEDY["max_tokens"]
 
 
+@pytest.mark.parametrize("path", ["/completions", "/chat/completions"])
+def test_minus_one_leaving_no_room_to_generate_is_a_400_naming_it(server, path):
+    """It said to shorten the prompt (or the messages), which -1 would cut to max_model_len tokens again."""
+    text = "the quick brown fox " * 200
+    prompt = {"prompt": text} if path == "/completions" else {"messages": [{"role": "user", "content": text}]}
+    response = post(server, path, truncate_prompt_tokens=-1, **prompt)
+    assert refused_param(response) == "truncate_prompt_tokens"
+    error = response.json()["error"]
+    assert error["code"] == "context_length_exceeded"
+    assert f"lower truncate_prompt_tokens to at most {MAX_MODEL_LEN - 1}" in error["message"]
+
+
+def test_a_batch_prompt_that_truncate_prompt_tokens_cuts_to_fill_the_context_is_named(server):
+    """Of a batch, the refusal names the prompt: here the second, which -1 cuts to max_model_len tokens."""
+    response = post(server, "/completions", prompt=["hi", "the quick brown fox " * 200], truncate_prompt_tokens=-1)
+    assert refused_param(response) == "truncate_prompt_tokens"
+    assert response.json()["error"]["message"].startswith("prompt[1]: This model's maximum context length is")
+
+
 def test_a_batch_truncates_each_prompt(server):
     batch = ok(post(server, "/completions", prompt=[PROMPT, PROMPT[:3]], truncate_prompt_tokens=5))
     assert batch["usage"]["prompt_tokens"] == 5 + 3
