@@ -901,7 +901,9 @@ def _naming_the_prompt(name: str) -> Iterator[None]:
     except RequestError as error:
         if error.param not in ("messages", "prompt") or error.param == name or name == "messages":
             raise
-        message = str(error).replace("shorten the messages", "shorten the prompt")
+        message = str(error)
+        if not name.startswith("messages"):  # one of several conversations (`messages[1]`) is shortened as messages
+            message = message.replace("shorten the messages", "shorten the prompt")
         raise error.with_message(message if name == "prompt" else f"{name}: {message}", name) from error
 
 

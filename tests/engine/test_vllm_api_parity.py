@@ -25,7 +25,14 @@ from transformers import AutoTokenizer
 from glimmer import LLM, LLMTokenizer, SamplingParams
 from glimmer.default_model import default_model_dir
 from glimmer.engine.outputs import Logprob
-from glimmer.errors import CheckpointError, ConfigError, PromptTextTooLongError, RequestError, UnsupportedArgumentError
+from glimmer.errors import (
+    CheckpointError,
+    ConfigError,
+    ContextLengthError,
+    PromptTextTooLongError,
+    RequestError,
+    UnsupportedArgumentError,
+)
 from glimmer.protocol import parse_output
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -480,6 +487,16 @@ def test_a_prompt_over_max_model_len_is_refused_as_exceeding_it(llm):
     assert caught.value.param == "prompt"
     assert str(caught.value) == (f"This model's maximum context length is {limit} tokens (max_model_len), but the "
                                  f"prompt has {limit + 1} tokens; shorten the prompt")
+
+
+def test_a_conversation_of_several_over_max_model_len_is_refused_saying_to_shorten_its_messages(llm):
+    """LLM.chat's second conversation was told "shorten the prompt", generate's wording: chat takes no prompt."""
+    limit = llm.engine.max_model_len
+    conversations = [[{"role": "user", "content": "hi"}], [{"role": "user", "content": "hi " * limit}]]
+    with pytest.raises(ContextLengthError) as caught:
+        llm.chat(conversations, SamplingParams(max_tokens=1))
+    assert caught.value.param == "messages[1]" and str(caught.value).startswith("messages[1]: This model's maximum")
+    assert str(caught.value).endswith("; shorten the messages")
 
 
 # 6. errors name the prompt; stop set late; numpy and tuple token ids ------------------------------------------------
