@@ -221,6 +221,10 @@ class Tokenizer:
         backend.no_truncation()
         backend.no_padding()
 
+        config_file = directory / TOKENIZER_CONFIG_FILE
+        config = read_json_object(config_file, error=CheckpointError) or {}
+        _check_added_tokens_decoder(config, config_file, backend, tokenizer_file)
+        _apply_added_token_flags(config, config_file, backend, tokenizer_file)
         named_tokens = _read_named_tokens(directory)
         for name, token in named_tokens.items():
             if backend.token_to_id(token) is None:
@@ -230,13 +234,10 @@ class Tokenizer:
                 )
         _check_bos_agrees(backend, named_tokens, f"{TOKENIZER_CONFIG_FILE} in {directory}", tokenizer_file)
         _check_framing_markers(backend, tokenizer_file)
-        config_file = directory / TOKENIZER_CONFIG_FILE
-        config = read_json_object(config_file, error=CheckpointError) or {}
         # transformers 5 reads special_tokens_map.json only for a config without `added_tokens_decoder` (older files)
         map_file = directory / SPECIAL_TOKENS_MAP_FILE
         legacy_map = ({} if "added_tokens_decoder" in config
                       else read_json_object(map_file, error=CheckpointError) or {})
-        _check_added_tokens_decoder(config, config_file, backend, tokenizer_file)
         extra = _read_extra_special_tokens(config, config_file, legacy_map, map_file)
         for token in extra.listed:
             if backend.token_to_id(token) is None:
@@ -610,6 +611,51 @@ def _check_added_tokens_decoder(config: Mapping[str, object], path: Path, backen
             raise CheckpointError(f"{path}: {name} is {content!r}, which is not a token of {tokenizer_file} "
                                   "(transformers would add it as a new token, which the model has no row for); the "
                                   "files do not belong together")
+
+
+ADDED_TOKEN_FLAGS = ("special", "lstrip", "rstrip", "single_word", "normalized")
+
+
+def _apply_added_token_flags(config: Mapping[str, object], path: Path, backend: HFTokenizer,
+                             tokenizer_file: Path) -> None:
+    """Give each added token of `backend` the flags tokenizer_config.json's `added_tokens_decoder` (read from `path`,
+    checked by `_check_added_tokens_decoder`) sets for it, where they differ from tokenizer.json's, as transformers'
+    tokenizer (and so vLLM's) takes them: it adds each such entry again, and the backend keeps the token's id with
+    the config's flags. A `<|start|>` that strips the spaces before it in one file and not in the other tokenized
+    `a <|start|>` otherwise than transformers. The changes are logged in one warning. Raises CheckpointError naming
+    the entry for a flag that is not true or false."""
+    decoder = config.get("added_tokens_decoder") or {}
+    current = {added.content: added for added in backend.get_added_tokens_decoder().values()}
+    changes: list[tuple[AddedToken, str]] = []
+    for token_id, entry in decoder.items():
+        if not isinstance(entry, Mapping):
+            continue  # a bare string: transformers makes an AddedToken of it with tokenizer.json's own flags
+        for flag in ADDED_TOKEN_FLAGS:
+            if flag in entry and not isinstance(entry[flag], bool):
+                raise CheckpointError(f"{path}: added_tokens_decoder[{token_id!r}].{flag}={entry[flag]!r} is not true "
+                                      "or false")
+        before = current.get(entry["content"])
+        special = entry.get("special", False)
+        # a token tokenizer.json flags special stays so: the backend keeps it among its special tokens (transformers'
+        # decode with skip_special_tokens drops it) whatever the config says
+        wanted = AddedToken(entry["content"], single_word=entry.get("single_word", False),
+                            lstrip=entry.get("lstrip", False), rstrip=entry.get("rstrip", False),
+                            normalized=entry.get("normalized", not special),
+                            special=special or (before is not None and before.special))
+        changed = [flag for flag in ADDED_TOKEN_FLAGS
+                   if before is None or getattr(before, flag) != getattr(wanted, flag)]
+        if changed:
+            had = "not an added token there" if before is None else ", ".join(
+                f"{flag}={getattr(before, flag)}" for flag in changed)
+            changes.append((wanted, f"{wanted.content!r}: " + ", ".join(
+                f"{flag}={getattr(wanted, flag)}" for flag in changed) + f" (tokenizer.json: {had})"))
+    if not changes:
+        return
+    backend.add_tokens([wanted for wanted, _ in changes])  # at once: each call rebuilds the backend's matcher
+    shown = "; ".join(change for _, change in changes[:3]) + (f"; and {len(changes) - 3} more" if len(changes) > 3
+                                                              else "")
+    logger.warning("%s: added_tokens_decoder sets other flags than %s for %d token(s), and transformers (so vLLM too) "
+                   "uses the config's, as Glimmer does: %s", path, tokenizer_file, len(changes), shown)
 
 
 def _read_extra_special_tokens(config: Mapping[str, object], path: Path, legacy_map: Mapping[str, object],

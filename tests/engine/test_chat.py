@@ -98,6 +98,11 @@ def test_an_end_of_turn_typed_in_a_message_stays_text_whatever_its_special_flag(
     state = json.loads((checkpoint / "tokenizer.json").read_text(encoding="utf-8"))
     next(added for added in state["added_tokens"] if added["content"] == "<|eot|>")["special"] = flagged_special
     (checkpoint / "tokenizer.json").write_text(json.dumps(state), encoding="utf-8")
+    config = json.loads((checkpoint / "tokenizer_config.json").read_text(encoding="utf-8"))
+    # tokenizer_config.json's flag is the token's where both files have one, as transformers reads them
+    next(added for added in config["added_tokens_decoder"].values() if added["content"] == "<|eot|>")["special"] = \
+        flagged_special
+    (checkpoint / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
     llm = LLM(str(checkpoint), progress=False, kv_cache_memory=16 << 20, max_model_len=2048)
     eot = llm.get_tokenizer().convert_tokens_to_ids("<|eot|>")
     params = SamplingParams(max_tokens=1)

@@ -241,6 +241,11 @@ def test_an_end_of_turn_token_not_flagged_special_ends_constrained_turns_and_is_
     state = json.loads((checkpoint / "tokenizer.json").read_text(encoding="utf-8"))
     next(added for added in state["added_tokens"] if added["content"] == "<|eot|>")["special"] = False
     (checkpoint / "tokenizer.json").write_text(json.dumps(state), encoding="utf-8")
+    config = json.loads((checkpoint / "tokenizer_config.json").read_text(encoding="utf-8"))
+    # tokenizer_config.json's flag is the token's where both files have one, as transformers reads them
+    next(added for added in config["added_tokens_decoder"].values() if added["content"] == "<|eot|>")["special"] = \
+        False
+    (checkpoint / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
     llm = LLM(str(checkpoint), progress=False, kv_cache_memory=16 << 20, max_model_len=2048)
     choice = SamplingParams(max_tokens=30, seed=1, structured_outputs=StructuredOutputsParams(choice=["yes", "no"]))
     answer = llm.chat(MESSAGES, choice, thinking_token_budget=0, chat_template_kwargs=KWARGS)[0]

@@ -60,6 +60,18 @@ def copy_tokenizer(tiny_dir: Path, dest: Path) -> Path:
     return dest
 
 
+def set_added_token_flags(path: Path, contents: tuple[str, ...], **flags: bool) -> None:
+    """Set `flags` on the added tokens `contents` in tokenizer.json and in tokenizer_config.json's added_tokens_decoder,
+    whose flags transformers takes over tokenizer.json's."""
+    for name, entries in (("tokenizer.json", lambda state: state["added_tokens"]),
+                          ("tokenizer_config.json", lambda state: state["added_tokens_decoder"].values())):
+        state = json.loads((path / name).read_text())
+        for added in entries(state):
+            if added["content"] in contents:
+                added |= flags
+        (path / name).write_text(json.dumps(state))
+
+
 @pytest.mark.parametrize("text", VARIED_TEXTS)
 def test_encode_matches_transformers(tok, hf, text):
     assert tok.encode(text) == hf(text, add_special_tokens=False)["input_ids"]
@@ -231,6 +243,9 @@ def test_a_protocol_marker_that_is_only_a_vocabulary_entry_is_refused(tiny_dir, 
     state["added_tokens"].remove(entry)
     state["model"]["vocab"][marker] = entry["id"]
     (bad / "tokenizer.json").write_text(json.dumps(state), encoding="utf-8")
+    config = json.loads((bad / "tokenizer_config.json").read_text())
+    del config["added_tokens_decoder"][str(entry["id"])]  # else transformers (and Glimmer) adds it back from there
+    (bad / "tokenizer_config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match=re.escape(f"{marker!r} (id {entry['id']}) encodes as ")) as refused:
         Tokenizer.from_dir(bad)
     assert "must be special tokens" in str(refused.value)
@@ -363,11 +378,7 @@ def test_splitting_at_special_tokens_tokenizes_as_the_backend_does(tok, text):
 @pytest.mark.parametrize(("lstrip", "rstrip"), [(True, False), (False, True), (True, True)])
 def test_splitting_honours_special_tokens_that_swallow_whitespace(tiny_dir, tmp_path, lstrip, rstrip):
     path = copy_tokenizer(tiny_dir, tmp_path / "strip")
-    spec = json.loads((path / "tokenizer.json").read_text())
-    for added in spec["added_tokens"]:
-        if added["content"] in ("<|start|>", "<|message|>"):
-            added["lstrip"], added["rstrip"] = lstrip, rstrip
-    (path / "tokenizer.json").write_text(json.dumps(spec))
+    set_added_token_flags(path, ("<|start|>", "<|message|>"), lstrip=lstrip, rstrip=rstrip)
     stripping = Tokenizer.from_dir(path)
     for text in VARIED_TEXTS + ("a  <|start|>  b <|message|>\n c", " <|start|><|message|> "):
         assert stripping._encode_with_literals(text, {PLACEHOLDER: "x"}, False) == stripping.encode(text)
@@ -378,11 +389,7 @@ def test_special_tokens_swallow_only_the_whitespace_the_backend_swallows(tiny_di
     """The tokenizers library strips Rust's whitespace (Unicode White_Space) beside a stripping token; Python's
     str.strip also takes the separators U+001C..U+001F, which the split dropped from the caller's text."""
     path = copy_tokenizer(tiny_dir, tmp_path / "strip")
-    spec = json.loads((path / "tokenizer.json").read_text())
-    for added in spec["added_tokens"]:
-        if added["content"] == "<|start|>":
-            added["lstrip"], added["rstrip"] = lstrip, rstrip
-    (path / "tokenizer.json").write_text(json.dumps(spec))
+    set_added_token_flags(path, ("<|start|>",), lstrip=lstrip, rstrip=rstrip)
     stripping = Tokenizer.from_dir(path)
     backend = HFTokenizer.from_file(str(path / "tokenizer.json"))
     for text in ("a\x1c<|start|>\x1fb", "a\x1d\x1e <|start|> \x1e\x1db", "a\u3000\x85<|start|>\xa0\tb"):
@@ -445,4 +452,51 @@ def test_a_split_special_tokens_that_is_no_boolean_is_refused_naming_it(tiny_dir
     ckpt = with_split_special_tokens(tiny_dir, tmp_path / "ckpt", "yes")
     with pytest.raises(CheckpointError, match=r"split_special_tokens='yes' in .*tokenizer_config\.json is not true "
                                               r"or false"):
+        Tokenizer.from_dir(ckpt)
+
+
+@pytest.mark.parametrize(("in_config", "in_tokenizer_json"), [
+    ({"lstrip": True}, {}), ({"rstrip": True}, {}), ({}, {"lstrip": True}), ({}, {"rstrip": True}),
+    ({"special": False}, {}), ({}, {"special": False}),
+], ids=["config-lstrip", "config-rstrip", "json-lstrip", "json-rstrip", "config-not-special", "json-not-special"])
+@pytest.mark.parametrize("split_special_tokens", [False, True], ids=["", "split"])
+def test_added_token_flags_of_tokenizer_config_win_over_tokenizer_json_as_in_transformers(
+        tiny_dir, tmp_path, in_config, in_tokenizer_json, split_special_tokens):
+    """transformers (and so vLLM) adds each added_tokens_decoder entry of tokenizer_config.json again, so its lstrip /
+    rstrip are the token's where tokenizer.json says otherwise (a token tokenizer.json flags special stays special):
+    these were read from tokenizer.json alone, so `a  <|reserved_special_token_1|>  b` kept or lost the spaces beside
+    the token unlike transformers."""
+    ckpt = copy_tokenizer(tiny_dir, tmp_path / "ckpt")
+    token = "<|reserved_special_token_1|>"
+    config_file, json_file = ckpt / "tokenizer_config.json", ckpt / "tokenizer.json"
+    config, state = json.loads(config_file.read_text()), json.loads(json_file.read_text())
+    token_id = next(added["id"] for added in state["added_tokens"] if added["content"] == token)
+    config["added_tokens_decoder"][str(token_id)] |= in_config
+    config["split_special_tokens"] = split_special_tokens
+    for added in state["added_tokens"]:
+        if added["id"] == token_id:
+            added |= in_tokenizer_json
+    config_file.write_text(json.dumps(config))
+    json_file.write_text(json.dumps(state))
+    hf, tok = AutoTokenizer.from_pretrained(str(ckpt)), Tokenizer.from_dir(ckpt)
+    text = f"a  {token}  b<|eot|> x {token}y"
+    for add_special_tokens in (False, True):
+        expected = hf(text, add_special_tokens=add_special_tokens)["input_ids"]
+        assert tok.encode_input_text(text, add_special_tokens=add_special_tokens) == expected
+    if not split_special_tokens:
+        expected = hf(text, add_special_tokens=False)["input_ids"]
+        assert tok.encode(text) == tok.encode(text, literals={"\x00": "q"}) == expected
+    hidden = [i for i in expected if i not in tok.all_special_ids]
+    assert tok.decode(hidden) == hf.decode(expected, skip_special_tokens=True)
+
+
+def test_an_added_token_flag_that_is_not_true_or_false_is_refused_naming_it(tiny_dir, tmp_path):
+    """transformers' AddedToken raises a bare TypeError for it."""
+    ckpt = copy_tokenizer(tiny_dir, tmp_path / "ckpt")
+    config_file = ckpt / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    config["added_tokens_decoder"]["481"]["rstrip"] = "yes"
+    config_file.write_text(json.dumps(config))
+    refusal = "tokenizer_config.json: added_tokens_decoder['481'].rstrip='yes' is not true or false"
+    with pytest.raises(CheckpointError, match=re.escape(refusal)):
         Tokenizer.from_dir(ckpt)
