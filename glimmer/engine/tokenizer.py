@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import re
+import unicodedata
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
@@ -334,10 +335,12 @@ class Tokenizer:
     def _split_at_special_tokens(self, text: str) -> Iterator[tuple[str, int | None]]:
         """(the text before a special token, that token's id) in order, then (the rest, None): `text` split at its
         special tokens as the backend splits it, a token that strips whitespace on a side taking it from its
-        piece."""
+        piece, and one flagged `single_word` splitting it only where no word character is beside it."""
         start = 0
         for match in self._special_pattern.finditer(text):
             token = self._special_tokens[match.group()]
+            if token.single_word and not _stands_alone(text, match.start(), match.end()):
+                continue  # the backend passes over it too, and goes on after it
             piece_end = len(text[start:match.start()].rstrip(WHITESPACE)) + start if token.lstrip else match.start()
             yield text[start:piece_end], self._backend.token_to_id(token.content)
             start = match.end()
@@ -539,6 +542,21 @@ class Tokenizer:
     def _named_token_id(self, name: str) -> int | None:
         token = self._named_tokens.get(name)
         return None if token is None else self._backend.token_to_id(token)
+
+
+def _is_word_character(char: str) -> bool:
+    """Rust's regex `\\w`, by which the tokenizers library tells a word: Alphabetic, a mark, a decimal digit, a
+    connector punctuation (`_`) or a joiner (Python's `\\w` leaves marks out and takes other numbers, `½`, in)."""
+    category = unicodedata.category(char)
+    return (char.isalpha() or category[0] == "M" or category in ("Nd", "Nl", "Pc")
+            or char in "\u200c\u200d")
+
+
+def _stands_alone(text: str, start: int, end: int) -> bool:
+    """Whether `text[start:end]` has no word character beside it: where the backend matches an added token flagged
+    `single_word` (tokenizers' AddedVocabulary::find_matches)."""
+    return ((start == 0 or not _is_word_character(text[start - 1]))
+            and (end == len(text) or not _is_word_character(text[end])))
 
 
 class _ByteLevelInverse:

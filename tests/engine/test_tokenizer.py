@@ -500,3 +500,20 @@ def test_an_added_token_flag_that_is_not_true_or_false_is_refused_naming_it(tiny
     refusal = "tokenizer_config.json: added_tokens_decoder['481'].rstrip='yes' is not true or false"
     with pytest.raises(CheckpointError, match=re.escape(refusal)):
         Tokenizer.from_dir(ckpt)
+
+
+def test_a_single_word_special_token_splits_a_chat_prompt_only_where_the_backend_matches_it(tiny_dir, tmp_path):
+    """An added token flagged `single_word` is matched only with no word character beside it (Rust's `\\w`: letters,
+    marks, decimal digits, `_`). The split of a rendered prompt with placeholders (every chat prompt holding a caller's
+    control-token spelling) matched it inside words too, so `hello<|reserved_special_token_1|>` became that token
+    where transformers (and the same text without placeholders) spells it out as text."""
+    ckpt = copy_tokenizer(tiny_dir, tmp_path / "ckpt")
+    token = "<|reserved_special_token_1|>"
+    set_added_token_flags(ckpt, (token,), single_word=True)
+    hf, tok = AutoTokenizer.from_pretrained(str(ckpt)), Tokenizer.from_dir(ckpt)
+    placeholder = "\u27eaP\u27eb"
+    for before, after in [("hello", ""), ("", "x"), ("a_", " "), ("e\u0301", ""), ("\u0663", ""), ("\u216b", ""),
+                          (" ", " "), ("-", "-"), ("\u00bd", "\u00b2"), ("<|eot|>", "<|eot|>"), ("", "")]:
+        text = f"{placeholder} {before}{token}{after}"
+        expected = hf(text.replace(placeholder, "x"), add_special_tokens=False)["input_ids"]
+        assert tok.encode(text, literals={placeholder: "x"}) == expected, (before, after)
