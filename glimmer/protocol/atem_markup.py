@@ -96,8 +96,10 @@ class AtemMarkupFilter:
         self._residue = False
         self._dropping_whitespace = False
 
-    def accept(self, text: str) -> str:
-        """The part of the body's next decided text to show now."""
+    def accept(self, text: str) -> list[str]:
+        """The parts of the body's next decided text to show now, in order. Text on either side of a removed tag is
+        a part of its own: joined, the halves could spell a framing marker (`<|eo` + `</atem:invoke>` + `t|>`), which
+        the channel's MarkerSafeText catches only between parts (P-CHAN-6)."""
         text = self._held + text
         self._held = ""
         end = len(text)
@@ -106,7 +108,7 @@ class AtemMarkupFilter:
             self._held = text[fragment:]
             end = fragment
         if not self._residue:
-            return text[:end]
+            return [text[:end]]
         shown = []
         position = 0
         while position < end:
@@ -122,10 +124,10 @@ class AtemMarkupFilter:
             shown.append(text[position:tag.start()])
             position = tag.end()
             self._dropping_whitespace = True
-        result = "".join(shown)
-        if result:
+        shown = [part for part in shown if part]
+        if shown:
             self._showed_text = True
-        return result
+        return shown
 
     def end_body(self) -> str:
         """The body ended. Returns held text to show after all: a fragment too short to name ATEM (`<`, `</at`)

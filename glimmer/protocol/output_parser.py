@@ -479,7 +479,9 @@ class OutputParser:
         text = text[start:end]
         self._at_body_start = False
         if self._channel in ("reasoning", _ORPHAN) or (self._channel == "content" and not self._verbatim_content):
-            text = self._markup.accept(text)  # P-CHAN-2, P-CHAN-7: no cut or residual ATEM tag shows
+            for part in self._markup.accept(text):  # P-CHAN-2, P-CHAN-7: no cut or residual ATEM tag shows
+                self._route(part)
+            return
         self._route(text)
 
     def _route(self, text: str) -> None:

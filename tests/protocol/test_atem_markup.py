@@ -118,7 +118,7 @@ def test_in_residue_mode_no_tag_survives_any_chunking(pieces, cut, sizes):
         shown, position, index = [], 0, 0
         while position < len(text):
             size = chunking[index % len(chunking)]
-            shown.append(markup.accept(text[position:position + size]))
+            shown.extend(markup.accept(text[position:position + size]))
             position += size
             index += 1
         shown.append(markup.end_body())

@@ -186,6 +186,20 @@ def test_a_reply_after_an_interrupted_call_flows_at_once_without_its_later_tags(
     assert parser.feed(text[:-len("</atem:invoke> kept")]).content == "Reply"  # streams before the tag comes
 
 
+@pytest.mark.parametrize("marker", ["<|eot|>", "<|start|>", "<|end_of_text|>"])
+@pytest.mark.parametrize("channel", ["user", "self"])
+def test_a_residual_tag_removed_between_two_halves_of_a_marker_does_not_join_them(marker, channel):
+    """P-CHAN-6, P-STREAM-1: the residue filter (P-CHAN-7) removes a tag from inside `<|eo</atem:invoke>t|>`; the
+    halves it leaves must not spell a framing marker in the reply, and one-shot must agree with streaming (it showed
+    `<|eot|>` whole, while a stream fed one character at a time showed `<|eo`)."""
+    body = '<atem:invoke name="calendar.lookup"><atem:parameter name="day">x to=' + channel + "<|message|>"
+    half = len(marker) // 2
+    reply = f"Reply {marker[:half]}</atem:invoke>{marker[half:]} kept"
+    result = parse_all_ways(tool_message("calendar.lookup", body, first=True) + reply, TOOLS)
+    shown = result.content if channel == "user" else result.reasoning
+    assert shown == f"Reply {marker[:half]} kept"
+
+
 def test_residue_rule_applies_after_a_terminator_too():
     body = '<atem:invoke name="calendar.lookup"><atem:parameter name="day">x</atem:parameter>'
     text = (
