@@ -27,7 +27,7 @@ from glimmer.checkpoint.config_common_fields import read_rope_parameters
 from glimmer.checkpoint.config_fields import Notes, Section, dtype_field_warnings
 from glimmer.checkpoint.gguf_file import is_gguf_path
 from glimmer.checkpoint.mapped_tensors import MappedTensors
-from glimmer.checkpoint.pickle_files import DTYPE_NAMES, load_weights_only
+from glimmer.checkpoint.pickle_files import DTYPE_NAMES, load_weights_only, torch_load_failure
 from glimmer.checkpoint.safetensors_files import SafetensorsCheckpoint, TensorInfo
 from glimmer.checkpoint.weight_layouts import DRAFTER_CANONICAL, DRAFTER_NATIVE
 from glimmer.errors import CheckpointError, ConfigError
@@ -187,10 +187,8 @@ class TorchFileTensors:
         except CheckpointError:  # an LFS pointer, or an object the restricted unpickler refuses: worded already
             raise
         except Exception as exc:  # truncated file, not a torch file: many types
-            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise CheckpointError(
-                f"cannot read the native drafter file {file} with torch.load(weights_only=True): {first_line}"
-            ) from None
+            raise CheckpointError(f"cannot read the native drafter file {file} with torch.load(weights_only=True): "
+                                  f"{torch_load_failure(exc)}") from None
         if not isinstance(loaded, Mapping):
             raise CheckpointError(f"{file} holds a {type(loaded).__name__}, not a mapping of tensor names to tensors")
         stray = sorted(str(k) for k, v in loaded.items() if not isinstance(k, str) or not isinstance(v, torch.Tensor))

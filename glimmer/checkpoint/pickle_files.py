@@ -107,12 +107,38 @@ class PickleCheckpoint:
         return sum(f.stat().st_size for f in self._state)
 
 
+# how a file torch.load(weights_only=True) reads begins: the zip archive torch.save writes, or its legacy format's
+# pickle stream, whose PROTO opcode and protocol (2, torch.save's default, to 5) come first; a legacy file of protocol
+# 0 or 1 (no PROTO) is one the restricted unpickler refuses anyway
+_TORCH_FILE_STARTS = (b"PK\x03\x04", *(bytes([0x80, protocol]) for protocol in range(2, 6)))
+
+
+def _refuse_not_a_torch_file(file: Path) -> None:
+    """Raise CheckpointError naming `file` when it is empty or does not begin as a file torch.save writes (an HTML
+    error page or a text saved in its place, another format's file): torch's restricted unpickler would call it
+    "Unsupported operand 60", as if it held code, or fail with a bare KeyError. An unreadable file is left to the
+    reader to name."""
+    try:
+        with file.open("rb") as handle:
+            head = handle.read(16)
+    except OSError:
+        return
+    if not head:
+        raise CheckpointError(f"{file} is empty (0 bytes): a download cut short; download it again")
+    if not head.startswith(_TORCH_FILE_STARTS):
+        raise CheckpointError(
+            f"{file} is not a PyTorch weights file: it begins {head!r}, where torch.save writes a zip archive "
+            "(b'PK\\x03\\x04') or a pickle stream (b'\\x80\\x02'); another format's file, or a page or a download cut "
+            "short saved in its place: download it again")
+
+
 def load_weights_only(file: Path) -> Any:
     """What `torch.load(weights_only=True)` reads from `file`, memory-mapped where its format allows (the zip
-    format; the legacy one is read whole). Raises CheckpointError for a Git LFS pointer and for an object the
-    restricted unpickler refuses (naming it); any other failure (a truncated file, not a torch file) is raised as
-    torch raised it, for the caller to word."""
+    format; the legacy one is read whole). Raises CheckpointError for a Git LFS pointer, an empty file or one that
+    is no torch file, and for an object the restricted unpickler refuses (naming it); any other failure (a truncated
+    file) is raised as torch raised it, for the caller to word."""
     refuse_lfs_pointer(file)  # else "refused by torch.load(weights_only=True)", as if it ran code
+    _refuse_not_a_torch_file(file)  # likewise, or a bare KeyError
     try:
         try:
             return torch.load(file, map_location="cpu", weights_only=True, mmap=True)
@@ -127,11 +153,24 @@ def load_weights_only(file: Path) -> Any:
         ) from None
 
 
+def torch_load_failure(exc: Exception) -> str:
+    """Why torch.load failed, in one line: its message's first line, with the type where that alone says little (a
+    corrupt pickle's KeyError is the memo index it missed; a truncated one's EOFError has no message)."""
+    if isinstance(exc, EOFError):
+        return "the file ends early (EOFError): a download cut short"
+    lines = str(exc).strip().splitlines()
+    if isinstance(exc, (OSError, RuntimeError, ValueError)) and lines:
+        return lines[0]
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
 def _load(file: Path) -> dict[str, torch.Tensor]:
     try:
         state = load_weights_only(file)
-    except (OSError, RuntimeError, EOFError, ValueError) as exc:
-        raise CheckpointError(f"{file}: not a readable PyTorch weights file: {exc}") from None
+    except CheckpointError:  # an LFS pointer, no torch file, or an object the restricted unpickler refuses: worded
+        raise
+    except Exception as exc:  # a truncated or corrupt file: torch's unpickler raises many types (EOFError, KeyError)
+        raise CheckpointError(f"{file}: not a readable PyTorch weights file: {torch_load_failure(exc)}") from None
     for key in _WRAPPER_KEYS:
         if isinstance(state, dict) and set(state) == {key} and isinstance(state[key], dict):
             state = state[key]

@@ -255,6 +255,21 @@ def test_a_malicious_head_pt_is_refused_in_one_line_without_unsafe_advice(target
     assert "drafter pickle code ran" not in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(("content", "problem"), [
+    (b"<!DOCTYPE html><html>Not Found</html>", "is not a PyTorch weights file: it begins b'<!DOCTYPE html><'"),
+    (b"\x80\x02h\x65", "KeyError: 101"),  # was "...: 101"
+])
+def test_a_head_pt_that_is_no_torch_file_is_refused_naming_it(target, tmp_path, content, problem):
+    """An error page saved as head.pt was "refused by torch.load(weights_only=True), which only admits tensors and
+    plain containers", as if it held code."""
+    path = write_tiny_drafter(tmp_path / "d", target, layout="native")
+    (path / "head.pt").write_bytes(content)
+    with pytest.raises(CheckpointError) as err:
+        _load(path, target)
+    assert str(path / "head.pt") in str(err.value) and problem in str(err.value), str(err.value)
+    assert "which only admits" not in str(err.value)
+
+
 class _Arbitrary:
     pass
 

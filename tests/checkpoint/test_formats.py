@@ -96,6 +96,31 @@ def test_a_pickle_that_would_run_code_is_refused_even_when_allowed(pickle_checkp
     assert "False" not in str(err.value) and "trust" not in str(err.value)  # no advice to unpickle it anyway
 
 
+@pytest.mark.parametrize(("content", "problem"), [
+    (b"hello world\n", "is not a PyTorch weights file: it begins b'hello world\\n'"),  # was a bare KeyError: 101
+    (b"<!DOCTYPE html><html>Not Found</html>", "is not a PyTorch weights file: it begins b'<!DOCTYPE html><'"),
+    (b"\0" * 4096, "is not a PyTorch weights file"),  # was torch's advice to load it with weights_only=False
+    (b"", "is empty (0 bytes)"),  # was "not a readable PyTorch weights file: " and nothing after it
+    (b"\x80\x02", "not a readable PyTorch weights file: the file ends early (EOFError)"),
+    (b"\x80\x02h\x65", "not a readable PyTorch weights file: KeyError: 101"),  # was the KeyError's stack trace
+])
+def test_a_pickle_weights_file_that_is_no_torch_file_is_refused_in_one_line_naming_it(pickle_checkpoint, capsys,
+                                                                                        content, problem):
+    """An error page, a text or a cut-short download saved as pytorch_model.bin was "refused by
+    torch.load(weights_only=True), which only admits tensors and plain containers: Unsupported operand 60", as if it
+    held code, or a KeyError's stack trace from `glimmer inspect` and LLM(...)."""
+    weights = pickle_checkpoint / "pytorch_model.bin"
+    weights.write_bytes(content)
+    with pytest.raises(CheckpointError) as err:
+        load_model(pickle_checkpoint, progress=False, allow_pickle=True)
+    assert str(err.value).startswith(str(weights)) and problem in str(err.value), str(err.value)
+    assert "weights_only=True), which only admits" not in str(err.value)
+    capsys.readouterr()
+    assert main(["--log-level", "ERROR", "inspect", "--allow-pickle", str(pickle_checkpoint)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("glimmer: error: CheckpointError: ") and problem in error and "\n" not in error, error
+
+
 def test_checkpoint_code_is_ignored_with_a_warning(tiny_checkpoint, tmp_path):
     out = tmp_path / "with-code"
     shutil.copytree(tiny_checkpoint, out)
