@@ -4,6 +4,7 @@ as no file. Every reader names such a link, and where it points, instead of pass
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 from pathlib import Path
@@ -18,9 +19,21 @@ def is_broken_link(path: Path) -> bool:
 
 def broken_link_problem(path: Path) -> str:
     """`is a symbolic link to <target>, ...: <fix>`, to follow the link's name in an error."""
+    if _is_link_loop(path):  # its target is there, as a link leading back: "does not exist" would send to a download
+        return (f"is a symbolic link to {os.readlink(path)}, which leads into a loop of symbolic links, with no "
+                "file at its end: point the link at the file it stands for, or download the checkpoint again "
+                "(`hf download REPO`)")
     return (f"is a symbolic link to {os.readlink(path)}, a file that does not exist (a Hugging Face cache whose blob "
             "was deleted, or a download cut short): download the checkpoint again (`hf download REPO`), or restore "
             "the file the link points to")
+
+
+def _is_link_loop(path: Path) -> bool:
+    try:
+        os.stat(path)
+    except OSError as exc:
+        return exc.errno == errno.ELOOP
+    return False
 
 
 # what a file cloned without git-lfs holds in place of its content (git-lfs's pointer file spec)

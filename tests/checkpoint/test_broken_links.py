@@ -26,6 +26,28 @@ def test_a_side_file_that_is_a_broken_link_is_refused_naming_its_target(tiny_che
     assert "download the checkpoint again" in err
 
 
+@pytest.mark.parametrize(("name", "loop"), [
+    ("model.safetensors", ["model.safetensors"]),  # a link to itself
+    ("model.safetensors", ["other.bin", "model.safetensors"]),  # two links pointing at each other
+    ("config.json", ["config.json"]),
+])
+def test_a_file_that_is_a_loop_of_links_is_refused_as_a_loop_not_a_missing_download(tiny_checkpoint, tmp_path, capsys,
+                                                                                     name, loop):
+    """It was "a symbolic link to model.safetensors, a file that does not exist (a Hugging Face cache whose blob was
+    deleted, or a download cut short)", though the link's target is there: a link leading back to it."""
+    checkpoint = tmp_path / "snapshot"
+    shutil.copytree(tiny_checkpoint, checkpoint)
+    (checkpoint / name).unlink()
+    (checkpoint / name).symlink_to(loop[0])
+    for link, target in zip(loop, loop[1:], strict=False):
+        (checkpoint / link).symlink_to(target)
+    assert main(["--log-level", "ERROR", "inspect", str(checkpoint)]) == 2
+    err = capsys.readouterr().err
+    assert str(checkpoint / name) in err, err
+    assert f"is a symbolic link to {loop[0]}, which leads into a loop of symbolic links" in err, err
+    assert "does not exist" not in err and "\n" not in err.strip()
+
+
 def test_a_chat_template_that_is_a_broken_link_is_not_replaced_by_another(tiny_checkpoint, tmp_path, capsys):
     """QA: a broken chat_template.jinja fell through to tokenizer_config.json's template, rendering every prompt
     with another template; it is now the reason there is no template."""
