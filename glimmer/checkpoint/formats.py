@@ -42,7 +42,7 @@ from glimmer.checkpoint.pickle_files import (
     is_training_state,
     pickle_files,
 )
-from glimmer.checkpoint.safetensors_files import INDEX_FILE, SafetensorsCheckpoint
+from glimmer.checkpoint.safetensors_files import INDEX_FILE, SafetensorsCheckpoint, refuse_weight_folders
 from glimmer.checkpoint.weight_layouts import (
     CANONICAL,
     LEGACY,
@@ -164,6 +164,7 @@ def _open_directory(path: Path, allow_pickle: bool) -> OpenedCheckpoint:
         kind = PICKLE
     else:
         _refuse_gguf_directory(path, lacking="safetensors or pickle weights")
+        refuse_weight_folders(path, PICKLE_PATTERNS)
         files = SafetensorsCheckpoint(path)  # raises, listing what it looked for
         kind = SAFETENSORS
     if kind == SAFETENSORS:

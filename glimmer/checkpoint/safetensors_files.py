@@ -93,6 +93,18 @@ def read_weight_map_if_present(index_path: Path) -> dict[str, object] | None:
     return read_weight_map(index_path) if index_path.is_file() else None
 
 
+def refuse_weight_folders(directory: Path, patterns: tuple[str, ...]) -> None:
+    """Where a directory has no weight file, raise CheckpointError naming the directories whose names are a weight
+    file's (`model.safetensors/`): not a config alone, for which random weights (--load-format dummy) would stand in
+    for the model's."""
+    folders = sorted({p.name for pattern in patterns for p in directory.glob(pattern) if p.is_dir()})
+    if folders:
+        raise CheckpointError(
+            f"no weights found in {directory}: {', '.join(folders)} "
+            f"{'is a directory' if len(folders) == 1 else 'are directories'}, not a weights file; put the file in "
+            "its place (download it again)")
+
+
 def shard_path(directory: Path, index_path: Path, shard: object) -> Path:
     """The file an index's weight_map names, which must lie inside the checkpoint directory: an index that
     points elsewhere ("../../x.safetensors", "/abs/x") would load another checkpoint's weights unnoticed.
@@ -246,6 +258,7 @@ class SafetensorsCheckpoint:
             others = f" (and {len(broken) - 1} more: {', '.join(p.name for p in broken[1:4])})" if broken[1:] else ""
             raise CheckpointError(f"{broken[0]}{others}, a file of the checkpoint, {broken_link_problem(broken[0])}")
         if not files:
+            refuse_weight_folders(self.directory, ("*.safetensors",))
             raise CheckpointError(
                 f"no weights found in {self.directory}: expected {SINGLE_FILE}, {INDEX_FILE} with its shards, "
                 f"or *.safetensors files{self._config_only_hint()}"

@@ -231,6 +231,23 @@ def test_missing_weights_file_is_a_clear_error(make_tiny, tmp_path):
         load_model(target, progress=False)
 
 
+@pytest.mark.parametrize("name", ["model.safetensors", "pytorch_model.bin"])
+@pytest.mark.parametrize("allow_pickle", [False, True])
+def test_a_weights_file_that_is_a_directory_is_named_not_offered_random_weights(make_tiny, tmp_path, name,
+                                                                                allow_pickle):
+    """It was "no weights found: expected model.safetensors, ...; to run this config with random weights, pass
+    --load-format dummy", though the weights' name is there, as a directory: the advice ran the model on random
+    weights."""
+    target = tmp_path / "folder-weights"
+    shutil.copytree(make_tiny(), target)
+    (target / "model.safetensors").unlink()
+    (target / name).mkdir()
+    with pytest.raises(CheckpointError) as err:
+        load_model(target, progress=False, allow_pickle=allow_pickle)
+    assert f"{target}: {name} is a directory, not a weights file" in str(err.value), str(err.value)
+    assert "dummy" not in str(err.value)
+
+
 def test_index_naming_a_missing_shard_is_a_clear_error(make_tiny, tmp_path):
     src = make_tiny("canonical", seed=7, num_shards=2)
     dst = tmp_path / "broken"
