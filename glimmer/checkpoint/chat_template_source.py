@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from glimmer.checkpoint.broken_links import refuse_not_a_file
+from glimmer.checkpoint.broken_links import refuse_lfs_pointer, refuse_not_a_file
 from glimmer.errors import CheckpointError, ConfigError
 from glimmer.protocol import ChatTemplate, ChatTemplateError, check_chat_template
 from glimmer.protocol.chat_template import FramingTokenizer
@@ -227,6 +227,7 @@ def _processor_template(directory: Path, named: dict[str, ChatTemplateSource]) -
 
 
 def _read_json_object(path: Path) -> dict:
+    refuse_lfs_pointer(path)  # else "not readable JSON: Expecting value: line 1 column 1"
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -244,6 +245,7 @@ def _template_string(template: object, path: Path) -> str:
 
 
 def _read_template_file(path: Path) -> str:
+    refuse_lfs_pointer(path)  # else a template of the pointer's text, refused as failing the protocol's check
     try:
         # bytes, not read_text: newline translation would change the text and its sha256
         text = path.read_bytes().decode("utf-8")

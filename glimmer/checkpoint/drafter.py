@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from glimmer.checkpoint.broken_links import refuse_not_a_file
+from glimmer.checkpoint.broken_links import refuse_lfs_pointer, refuse_not_a_file
 from glimmer.checkpoint.config import DrafterConfig, TextConfig, too_many_layers
 from glimmer.checkpoint.config_common_fields import read_rope_parameters
 from glimmer.checkpoint.config_fields import Notes, Section, dtype_field_warnings
@@ -274,6 +274,7 @@ def open_drafter_checkpoint(
     refuse_not_a_file(config_path, ConfigError)  # else "holds no DFlash drafter", or the released sizes assumed
     raw: Any = {}
     if config_path.is_file():
+        refuse_lfs_pointer(config_path, ConfigError)  # else "cannot be read as JSON (Expecting value: line 1 ...)"
         try:
             raw = json.loads(config_path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:  # ValueError: JSONDecodeError too

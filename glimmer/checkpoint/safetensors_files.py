@@ -39,6 +39,7 @@ from glimmer.checkpoint.broken_links import (
     is_broken_link,
     lfs_pointer_problem,
     refuse_broken_link,
+    refuse_lfs_pointer,
 )
 from glimmer.errors import CheckpointError
 
@@ -71,7 +72,8 @@ def is_ignored_buffer(name: str) -> bool:
 
 def read_weight_map(index_path: Path) -> dict[str, object]:
     """The `weight_map` (tensor name → shard file) of a sharded checkpoint's index. Raises CheckpointError naming the
-    file when it is unreadable, not JSON, or holds no such object or an empty one."""
+    file when it is unreadable, a Git LFS pointer, not JSON, or holds no such object or an empty one."""
+    refuse_lfs_pointer(index_path)  # else "not a valid index: Expecting value: line 1 column 1"
     try:
         index = json.loads(index_path.read_text())
     except (OSError, ValueError, RecursionError) as exc:

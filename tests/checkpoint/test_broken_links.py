@@ -3,6 +3,7 @@ the link and its target, never taken as a file the checkpoint does without (brok
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import pytest
@@ -111,3 +112,33 @@ def test_a_git_lfs_pointer_in_place_of_a_file_is_named_with_the_fix(tiny_checkpo
     err = capsys.readouterr().err
     assert (f"{checkpoint / name} is a Git LFS pointer to a file of 17,209,920 bytes, which was never downloaded: "
             "fetch it with `git lfs pull` in its repository (or download the file with `hf download`)") in err, err
+
+
+def test_a_git_lfs_pointer_in_place_of_a_shard_index_is_named_with_the_fix(make_tiny, tmp_path, capsys):
+    """It was "not a valid index: Expecting value: line 1 column 1 (char 0)"."""
+    index = "model.safetensors.index.json"
+    checkpoint = tmp_path / "clone"
+    shutil.copytree(make_tiny(num_shards=2), checkpoint)
+    _lfs_pointer(checkpoint / index)
+    assert main(["--log-level", "ERROR", "inspect", str(checkpoint), "--allow-pickle"]) == 2
+    err = capsys.readouterr().err
+    assert f"{checkpoint / index} is a Git LFS pointer to a file of 17,209,920 bytes, which was never downloaded" in err
+    assert "Expecting value" not in err
+
+
+def test_a_git_lfs_pointer_in_place_of_the_chat_template_is_named_with_the_fix(tiny_checkpoint, tmp_path, capsys):
+    """Its text was taken for the template: refused as "fails its check: the chat template's generation prompt must be
+    exactly '<|start|>assistant'; a probe prompt ends '...size 17209920'", blaming the template."""
+    from glimmer import LLM
+    from glimmer.errors import CheckpointError
+
+    checkpoint = tmp_path / "clone"
+    shutil.copytree(tiny_checkpoint, checkpoint)
+    _lfs_pointer(checkpoint / "chat_template.jinja")
+    pointer = f"{checkpoint / 'chat_template.jinja'} is a Git LFS pointer to a file of 17,209,920 bytes"
+    with pytest.raises(CheckpointError, match=re.escape(pointer)):
+        LLM(str(checkpoint), progress=False).chat([{"role": "user", "content": "hi"}])
+    assert main(["--log-level", "ERROR", "inspect", str(checkpoint)]) == 0  # as any template serve cannot read
+    out = capsys.readouterr().out
+    assert pointer in out and "generation prompt" not in out
+

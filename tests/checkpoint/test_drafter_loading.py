@@ -363,6 +363,17 @@ def test_a_dtype_field_naming_no_floating_point_dtype_is_named_in_a_warning(targ
                for w in warnings), warnings
 
 
+@pytest.mark.parametrize("layout", ["canonical", "native"])
+def test_a_git_lfs_pointer_in_place_of_the_drafters_config_is_named_with_the_fix(target, tmp_path, layout):
+    """It was "config.json: cannot be read as JSON (Expecting value: line 1 column 1 (char 0))"."""
+    out = write_tiny_drafter(tmp_path / "drafter", target, layout=layout)
+    pointer_text = "version https://git-lfs.github.com/spec/v1\noid sha256:" + "ab" * 32 + "\nsize 9\n"
+    (out / "config.json").write_text(pointer_text)
+    pointer = f"{out / 'config.json'} is a Git LFS pointer to a file of 9 bytes"
+    with pytest.raises(ConfigError, match=re.escape(pointer)):
+        _load(out, target)
+
+
 def test_a_git_lfs_pointer_in_place_of_head_pt_is_named_with_the_fix(target, tmp_path):
     """A drafter cloned without git-lfs: its head.pt was "refused by torch.load(weights_only=True)", as if it ran
     code."""
