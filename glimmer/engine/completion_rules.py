@@ -87,9 +87,10 @@ def generation_budget(max_model_len: int, prompt_len: int, params: SamplingParam
     """
     room = max_model_len - prompt_len
     if room < 0 or (room == 0 and params.max_tokens != 0):
-        # a prompt truncate_prompt_tokens cut to max_model_len tokens: shortening it would keep as many
+        # a prompt truncate_prompt_tokens cut to max_model_len tokens (-1 or max_model_len: the engine cuts none, LLM
+        # and the server cut before it): shortening it would keep as many
         raise ContextLengthError(max_model_len, prompt_len,
-                                 truncated=room == 0 and params.truncate_prompt_tokens is not None)
+                                 truncated=room == 0 and params.truncate_prompt_tokens in (-1, max_model_len))
     max_tokens = params.max_tokens if params.max_tokens is not None else room
     if clamp_max_tokens:
         max_tokens = min(max_tokens, room)

@@ -66,6 +66,15 @@ def test_a_cut_that_fills_the_context_is_refused_naming_truncate_prompt_tokens(l
                                       "max_model_len tokens)")
 
 
+def test_an_engine_request_that_fills_the_context_uncut_is_not_blamed_on_truncate_prompt_tokens(llm):
+    """The engine does not cut a prompt (LLM and the server do, before it): a prompt of max_model_len tokens sent to
+    it with truncate_prompt_tokens=10 was refused as "kept 64 tokens ...; lower truncate_prompt_tokens", which no
+    value of it would have changed."""
+    with pytest.raises(ContextLengthError) as caught:
+        llm.engine.add_request("uncut", (PROMPT_IDS * 10)[:MAX_MODEL_LEN], _greedy(truncate_prompt_tokens=10))
+    assert caught.value.param != "truncate_prompt_tokens" and "truncate_prompt_tokens" not in str(caught.value)
+
+
 @pytest.mark.parametrize("value", [0, -2, 1.5, True, "4"])
 def test_an_invalid_value_is_refused_naming_it(value):
     with pytest.raises(RequestError) as caught:
