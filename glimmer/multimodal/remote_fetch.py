@@ -41,10 +41,12 @@ import ssl
 import threading
 import time
 import zlib
+from collections.abc import Iterator
 from typing import NoReturn
 from urllib.parse import quote, urljoin, urlsplit, urlunsplit
 
 import httpcore
+import idna
 from httpcore._backends.sync import SyncStream  # (httpcore's own stream of a socket; not exported)
 
 from glimmer.cancellation import CANCEL_CHECK_S, Cancelled, CancelToken
@@ -83,7 +85,9 @@ def _request_url(url: str) -> str:
         userinfo, at, host_and_port = parts.netloc.rpartition("@")
         if not host_and_port.isascii():  # (an IPv6 address is ASCII: the host is all before the port's ':')
             host, colon, port = host_and_port.partition(":")
-            host_and_port = host.encode("idna").decode("ascii") + colon + port
+            # IDNA 2008 with UTS 46's mapping, as browsers, requests and httpx spell it: Python's "idna" codec is
+            # IDNA 2003, which spells faß.example as fass.example, another host
+            host_and_port = idna.encode(host, uts46=True).decode("ascii") + colon + port
         userinfo, path, query = (quote(text, _URL_CHARACTERS, errors="surrogateescape")
                                  for text in (userinfo, parts.path, parts.query))
         return urlunsplit((parts.scheme, userinfo + at + host_and_port, path, query, ""))
@@ -339,8 +343,7 @@ def _fetch(url: str, backend: _GuardedBackend) -> bytes:
                     answered = True
                     if response.status in _REDIRECTS:
                         # a header's name is case-insensitive (RFC 9110 §5.1): Envoy sends `location:`
-                        location = next((value for name, value in response.headers if name.lower() == b"location"),
-                                        None)
+                        location = next(_header_values(response, b"location"), None)
                         if location is None:
                             raise RemoteMediaError(f"HTTP {response.status} without a Location header")
                         url = urljoin(url, _header_text(location))
@@ -373,30 +376,77 @@ def _read_body(response: httpcore.Response, backend: _GuardedBackend) -> bytes:
         if time.monotonic() > backend.deadline:  # the read timeout is per read; this bounds the whole download
             raise RemoteMediaError(f"the download took longer than {policy.timeout_s} s")
         if decoder is not None:
-            chunk = decoder.decompress(chunk, policy.max_bytes - total + 1)
+            chunk = decoder.decode(chunk, policy.max_bytes - total + 1)
         total += len(chunk)
         if total > policy.max_bytes:
             raise RemoteMediaError(f"the body is larger than {policy.max_bytes:,} bytes")
         chunks.append(chunk)
-    if decoder is not None and (not decoder.eof or decoder.unused_data):
+    if decoder is not None and not decoder.complete:
         raise RemoteMediaError("the compressed body (Content-Encoding) is cut short or has data after its end")
     return b"".join(chunks)
 
 
-# Content-Encoding → zlib's wbits: gzip (RFC 9110 §8.4.1.3, x-gzip its alias) and deflate (§8.4.1.2, zlib's format)
-_ZLIB_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+def _header_values(response: httpcore.Response, name: bytes) -> Iterator[bytes]:
+    """The values of `response`'s headers called `name` (lower case), whatever the case a server spelt them in (RFC
+    9110 §5.1: Envoy writes `location:`)."""
+    return (value for header, value in response.headers if header.lower() == name)
 
 
-def _content_decoder(response: httpcore.Response) -> zlib._Decompress | None:
+class _BodyDecoder:
+    """A gzip or deflate body's decoder, reading what requests' urllib3 and aiohttp read: a gzip body of several
+    members one after another (RFC 1952 §2.2, as bgzip and `cat a.gz b.gz` write) and a deflate body without zlib's
+    header (raw deflate, which servers send for `deflate` though RFC 9110 §8.4.1.2 says zlib's format)."""
+
+    def __init__(self, coding: str):
+        self.gzip = coding != "deflate"
+        self._zlib = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS if self.gzip else zlib.MAX_WBITS)
+        self._unsure = not self.gzip  # whether a deflate body may yet be raw: until its bytes decode as zlib's
+        self._seen = b""  # a deflate body's bytes while unsure, decoded again as raw deflate if zlib's header fails
+
+    def decode(self, data: bytes, most: int) -> bytes:
+        """`data` decoded, at most `most` bytes of it (the rest is dropped: the caller refuses the body then)."""
+        if self._unsure:
+            self._seen += data
+            try:
+                decoded = self._zlib.decompress(data, most)
+            except zlib.error:  # no zlib header: raw deflate, from the first byte
+                self._unsure, self._zlib = False, zlib.decompressobj(wbits=-zlib.MAX_WBITS)
+                return self.decode(self._seen, most)
+            self._unsure = not decoded and len(self._seen) < 65536  # (empty blocks must not grow it unbounded)
+            if not self._unsure:
+                self._seen = b""
+            return decoded
+        decoded = b""
+        while data and len(decoded) < most:
+            try:
+                decoded += self._zlib.decompress(data, most - len(decoded))
+            except zlib.error as error:
+                raise RemoteMediaError(f"the compressed body (Content-Encoding) does not decode: {error}") from None
+            data = self._zlib.unused_data if self.gzip and self._zlib.eof else b""
+            if data:  # the next gzip member
+                self._zlib = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+        return decoded
+
+    @property
+    def complete(self) -> bool:
+        """Whether the body ended where its last member's compressed data does."""
+        return self._zlib.eof and not self._zlib.unused_data
+
+
+# what Content-Encoding names are decoded: gzip (RFC 9110 §8.4.1.3, x-gzip its alias) and deflate (§8.4.1.2)
+_DECODED_CODINGS = ("gzip", "x-gzip", "deflate")
+
+
+def _content_decoder(response: httpcore.Response) -> _BodyDecoder | None:
     """The decoder of the body's Content-Encoding; None for none (or identity). A server may compress a body asked for
     without Accept-Encoding (RFC 9110 §12.5.3: any coding is acceptable then), as S3 serves an object stored with
     `Content-Encoding: gzip`; requests and aiohttp (vLLM's HTTP clients) decode it too. Raises RemoteMediaError for a
     coding other than one gzip or deflate (br, zstd, or several)."""
-    codings = [coding.strip().lower() for name, value in response.headers if name.lower() == b"content-encoding"
+    codings = [coding.strip().lower() for value in _header_values(response, b"content-encoding")
                for coding in value.decode("latin-1").split(",")]
     codings = [coding for coding in codings if coding not in ("", "identity")]
     if not codings:
         return None
-    if len(codings) > 1 or codings[0] not in _ZLIB_WBITS:
+    if len(codings) > 1 or codings[0] not in _DECODED_CODINGS:
         raise RemoteMediaError(f"the body's Content-Encoding {', '.join(codings)!r} is not read; gzip and deflate are")
-    return zlib.decompressobj(wbits=_ZLIB_WBITS[codings[0]])
+    return _BodyDecoder(codings[0])

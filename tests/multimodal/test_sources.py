@@ -394,7 +394,15 @@ def _gzip_bomb(decoded_bytes: int) -> bytes:
 _COMPRESSED = {"/gzip": ("gzip", lambda: gzip.compress(_png())), "/x-gzip": ("X-Gzip", lambda: gzip.compress(_png())),
                "/deflate": ("deflate", lambda: zlib.compress(_png())), "/identity": ("identity", _png),
                "/bomb": ("gzip", lambda: _gzip_bomb(256 << 20)), "/cut": ("gzip", lambda: gzip.compress(_png())[:-20]),
-               "/br": ("br", _png), "/twice": ("gzip, gzip", lambda: gzip.compress(gzip.compress(_png())))}
+               "/br": ("br", _png), "/twice": ("gzip, gzip", lambda: gzip.compress(gzip.compress(_png()))),
+               "/members": ("gzip", lambda: gzip.compress(_png()[:100]) + gzip.compress(_png()[100:])),
+               "/raw-deflate": ("deflate", lambda: _raw_deflate(_png()))}
+
+
+def _raw_deflate(data: bytes) -> bytes:
+    """`data` in deflate's format without zlib's header and checksum, as some servers send `deflate`."""
+    compressor = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+    return compressor.compress(data) + compressor.flush()
 
 
 @pytest.fixture
@@ -499,7 +507,8 @@ def test_a_redirect_is_followed_whatever_the_case_of_its_location_header(http_se
 def test_a_url_with_spaces_or_characters_outside_ascii_is_sent_percent_encoded(http_server, monkeypatch):
     """As browsers, requests and aiohttp (vLLM's clients) send it: httpcore refused such a URL, so an image at
     `http://host/café noir.png` could not be fetched. A host outside ASCII goes by its IDNA name."""
-    policy = MediaFetchPolicy.create(allowed_domains=["127.0.0.1", "xn--caf-dma.test"], timeout_s=5.0)
+    policy = MediaFetchPolicy.create(allowed_domains=["127.0.0.1", "xn--caf-dma.test", "xn--fa-hia.test"],
+                                     timeout_s=5.0)
     assert fetch_remote(f" {http_server}/echo/café noir.png?q=é&r=%C3%A9#part \n", policy) == \
         b"/echo/caf%C3%A9%20noir.png?q=%C3%A9&r=%C3%A9"
     assert fetch_remote(f"{http_server}/to-cafe", policy) == b"/echo/caf%C3%A9%20noir.png"
@@ -508,7 +517,10 @@ def test_a_url_with_spaces_or_characters_outside_ascii_is_sent_percent_encoded(h
     monkeypatch.setattr(socket, "getaddrinfo", lambda host, *args, **kwargs: looked_up.append(host) or
                         real_getaddrinfo("127.0.0.1", *args, **kwargs))
     assert fetch_remote(http_server.replace("127.0.0.1", "café.test") + "/echo/x.png", policy) == b"/echo/x.png"
-    assert looked_up == ["xn--caf-dma.test"]
+    # IDNA 2008 with UTS 46, as browsers and httpx: Python's IDNA 2003 codec made faß.test fass.test, another host
+    assert fetch_remote(http_server.replace("127.0.0.1", "faß.test") + "/echo/x.png", policy) == b"/echo/x.png"
+    assert fetch_remote(http_server.replace("127.0.0.1", "Café.test") + "/echo/x.png", policy) == b"/echo/x.png"
+    assert looked_up == ["xn--caf-dma.test", "xn--fa-hia.test", "xn--caf-dma.test"]
     with pytest.raises(RemoteMediaError, match="not a URL HTTP can carry"):  # a lone surrogate spells no bytes
         fetch_remote(f"{http_server}/echo/\ud800.png", policy)
 
@@ -519,8 +531,8 @@ def test_a_compressed_body_is_decoded_and_its_decoded_size_bounded_as_it_is_deco
     compressed bytes for the image. A gzip bomb (256 MiB of zeros in 256 KiB) is refused by the size limit without
     being decoded: no more than one byte past the limit is decoded from each chunk."""
     policy = MediaFetchPolicy.create(allowed_domains=["127.0.0.1"], max_bytes=4096, timeout_s=30.0)
-    for path in ("/gzip", "/x-gzip", "/deflate", "/identity"):
-        assert load_media_reference(f"{http_server}{path}", "image", 0, policy) == _png()
+    for path in ("/gzip", "/x-gzip", "/deflate", "/identity", "/members", "/raw-deflate"):  # (the last two as
+        assert load_media_reference(f"{http_server}{path}", "image", 0, policy) == _png()  # urllib3 reads them)
     tracemalloc.start()
     try:
         with pytest.raises(RemoteMediaError, match="larger than 4,096 bytes"):
