@@ -473,11 +473,11 @@ def _serve(args: argparse.Namespace, sigterm: SigtermWatch) -> int:
         with contextlib.suppress(KeyboardInterrupt):
             server.run(sockets=[listener])
     except _CannotListen as failure:
+        if args.uds is not None:  # listened on before the model loaded (_bind_unix): listening again cannot fail
+            raise failure.error from None
         # the port was bound before the model loaded, but another server loading then holds its own bound and not
         # yet listened on, which that bind (SO_REUSEADDR) does not refuse: the first of the two to be ready takes it
-        where, flags = (args.uds, "--uds") if args.uds is not None else (f"{args.host}:{args.port}",
-                                                                          "--port or --host")
-        raise _cannot_listen(where, failure.error, flags,
+        raise _cannot_listen(f"{args.host}:{args.port}", failure.error, "--port or --host",
                              " (another server began listening there while the model loaded)") from None
     except Terminated:
         if server is None:  # before serving: _heeding_sigterm says so, once this has cleaned up
