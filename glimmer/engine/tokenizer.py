@@ -203,7 +203,8 @@ class Tokenizer:
         """Load `tokenizer.json` and the special token names from a checkpoint directory.
 
         Raises CheckpointError when tokenizer.json is missing or unreadable, when a config file is not
-        valid JSON, or when a named or extra special token is not in the vocabulary.
+        valid JSON, when a named or extra special token is not in the vocabulary, or when an added token's entry in
+        tokenizer_config.json names no token of tokenizer.json or has a flag that is not true or false.
         """
         directory = Path(path)
         tokenizer_file = directory / TOKENIZER_FILE
@@ -544,12 +545,19 @@ class Tokenizer:
         return None if token is None else self._backend.token_to_id(token)
 
 
+# the symbols (So) Unicode counts Alphabetic (Other_Alphabetic): circled and squared Latin letters, Ⓐ and 🅰
+_ALPHABETIC_SYMBOLS = ((0x24B6, 0x24E9), (0x1F130, 0x1F149), (0x1F150, 0x1F169), (0x1F170, 0x1F189))
+
+
 def _is_word_character(char: str) -> bool:
     """Rust's regex `\\w`, by which the tokenizers library tells a word: Alphabetic, a mark, a decimal digit, a
-    connector punctuation (`_`) or a joiner (Python's `\\w` leaves marks out and takes other numbers, `½`, in)."""
+    connector punctuation (`_`) or a joiner (Python's `\\w` leaves marks out and takes other numbers, `½`, in).
+    Alphabetic is the letters, the letter numbers (Nl) and Other_Alphabetic, whose characters are marks but for
+    `_ALPHABETIC_SYMBOLS`."""
     category = unicodedata.category(char)
     return (char.isalpha() or category[0] == "M" or category in ("Nd", "Nl", "Pc")
-            or char in "\u200c\u200d")
+            or char in "\u200c\u200d"
+            or (category == "So" and any(low <= ord(char) <= high for low, high in _ALPHABETIC_SYMBOLS)))
 
 
 def _stands_alone(text: str, start: int, end: int) -> bool:
@@ -612,7 +620,8 @@ def _check_added_tokens_decoder(config: Mapping[str, object], path: Path, backen
                                 tokenizer_file: Path) -> None:
     """CheckpointError for an entry of tokenizer_config.json's `added_tokens_decoder` that is no token of
     tokenizer.json: transformers adds it to the vocabulary (a row the model has no embedding for) and encodes its
-    spelling as that token, where this tokenizer would split it into characters."""
+    spelling as that token, where this tokenizer would split it into characters; or whose flag (`ADDED_TOKEN_FLAGS`)
+    is not true or false."""
     decoder = config.get("added_tokens_decoder")
     if decoder is None:
         return
@@ -625,6 +634,9 @@ def _check_added_tokens_decoder(config: Mapping[str, object], path: Path, backen
             raise CheckpointError(f"{path}: {name}: the key is not a token id; each key is the id of its token in "
                                   f"{tokenizer_file}, as a string of digits")
         content = _token_content(entry, path, name)
+        for flag in ADDED_TOKEN_FLAGS:
+            if isinstance(entry, Mapping) and flag in entry and not isinstance(entry[flag], bool):
+                raise CheckpointError(f"{path}: {name}.{flag}={entry[flag]!r} is not true or false")
         if backend.token_to_id(content) is None:
             raise CheckpointError(f"{path}: {name} is {content!r}, which is not a token of {tokenizer_file} "
                                   "(transformers would add it as a new token, which the model has no row for); the "
@@ -640,18 +652,13 @@ def _apply_added_token_flags(config: Mapping[str, object], path: Path, backend: 
     checked by `_check_added_tokens_decoder`) sets for it, where they differ from tokenizer.json's, as transformers'
     tokenizer (and so vLLM's) takes them: it adds each such entry again, and the backend keeps the token's id with
     the config's flags. A `<|start|>` that strips the spaces before it in one file and not in the other tokenized
-    `a <|start|>` otherwise than transformers. The changes are logged in one warning. Raises CheckpointError naming
-    the entry for a flag that is not true or false."""
+    `a <|start|>` otherwise than transformers. The changes are logged in one warning."""
     decoder = config.get("added_tokens_decoder") or {}
     current = {added.content: added for added in backend.get_added_tokens_decoder().values()}
     changes: list[tuple[AddedToken, str]] = []
-    for token_id, entry in decoder.items():
+    for entry in decoder.values():
         if not isinstance(entry, Mapping):
             continue  # a bare string: transformers makes an AddedToken of it with tokenizer.json's own flags
-        for flag in ADDED_TOKEN_FLAGS:
-            if flag in entry and not isinstance(entry[flag], bool):
-                raise CheckpointError(f"{path}: added_tokens_decoder[{token_id!r}].{flag}={entry[flag]!r} is not true "
-                                      "or false")
         before = current.get(entry["content"])
         special = entry.get("special", False)
         # a token tokenizer.json flags special stays so: the backend keeps it among its special tokens (transformers'

@@ -513,6 +513,7 @@ def test_a_single_word_special_token_splits_a_chat_prompt_only_where_the_backend
     hf, tok = AutoTokenizer.from_pretrained(str(ckpt)), Tokenizer.from_dir(ckpt)
     placeholder = "\u27eaP\u27eb"
     for before, after in [("hello", ""), ("", "x"), ("a_", " "), ("e\u0301", ""), ("\u0663", ""), ("\u216b", ""),
+                          ("\u24b6", ""), ("", "\U0001f170"),  # Ⓐ and 🅰: symbols Unicode counts Alphabetic
                           (" ", " "), ("-", "-"), ("\u00bd", "\u00b2"), ("<|eot|>", "<|eot|>"), ("", "")]:
         text = f"{placeholder} {before}{token}{after}"
         expected = hf(text.replace(placeholder, "x"), add_special_tokens=False)["input_ids"]
