@@ -895,10 +895,14 @@ def _is_single_prompt(prompts: object) -> bool:
 
 @contextlib.contextmanager
 def _naming_the_prompt(name: str) -> Iterator[None]:
-    """Errors about the prompt (raised by the engine for chat messages or a prompt) re-raised naming `name`."""
+    """Errors about the prompt (raised by the engine for chat messages or a prompt) re-raised naming `name`; a
+    truncate_prompt_tokens that cut one of several prompts to fill the context keeps its field and names the prompt
+    too (`prompts[1]: ...`), as /v1/completions names `prompt[1]`."""
     try:
         yield
     except RequestError as error:
+        if error.param == "truncate_prompt_tokens" and name not in ("prompt", "messages"):
+            raise error.with_message(f"{name}: {error}", error.param) from error
         if error.param not in ("messages", "prompt") or error.param == name or name == "messages":
             raise
         message = str(error)

@@ -75,6 +75,23 @@ def test_an_engine_request_that_fills_the_context_uncut_is_not_blamed_on_truncat
     assert caught.value.param != "truncate_prompt_tokens" and "truncate_prompt_tokens" not in str(caught.value)
 
 
+def test_of_several_prompts_a_cut_that_fills_the_context_names_the_prompt(llm):
+    """It did not say which of the prompts truncate_prompt_tokens left no room (/v1/completions says prompt[1])."""
+    with pytest.raises(ContextLengthError) as caught:
+        llm.generate([PROMPT_IDS, (PROMPT_IDS * 10)[:MAX_MODEL_LEN + 7]], _greedy(truncate_prompt_tokens=-1))
+    assert caught.value.param == "truncate_prompt_tokens"
+    assert str(caught.value).startswith("prompts[1]: This model's maximum context length is")
+    assert not llm.engine.has_unfinished_requests
+
+
+def test_of_several_conversations_a_cut_that_fills_the_context_names_the_conversation(llm):
+    conversation = [{"role": "user", "content": "the quick brown fox " * 20}]
+    with pytest.raises(ContextLengthError) as caught:
+        llm.chat([conversation, conversation], [_greedy(truncate_prompt_tokens=10), _greedy(truncate_prompt_tokens=-1)])
+    assert caught.value.param == "truncate_prompt_tokens"
+    assert str(caught.value).startswith("messages[1]: This model's maximum context length is")
+
+
 @pytest.mark.parametrize("value", [0, -2, 1.5, True, "4"])
 def test_an_invalid_value_is_refused_naming_it(value):
     with pytest.raises(RequestError) as caught:
