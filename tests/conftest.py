@@ -72,6 +72,25 @@ def tiny_checkpoint(make_tiny) -> Path:
     return make_tiny()
 
 
+@pytest.fixture(scope="session")
+def named_templates_checkpoint(make_tiny, tmp_path_factory) -> Path:
+    """The tiny checkpoint with its template in tokenizer_config.json's list of named templates, `default` beside a
+    `rag` one that writes "RAG:" at the start of every message body."""
+    import json
+    import shutil
+
+    checkpoint = tmp_path_factory.mktemp("named-templates") / "tiny"
+    shutil.copytree(make_tiny(), checkpoint)
+    template_file = checkpoint / "chat_template.jinja"  # transformers would take it as the default instead
+    default = template_file.read_text(encoding="utf-8")
+    template_file.unlink()
+    config = json.loads((checkpoint / "tokenizer_config.json").read_text(encoding="utf-8"))
+    config["chat_template"] = [{"name": "default", "template": default},
+                               {"name": "rag", "template": default.replace("<|message|>", "<|message|>RAG:")}]
+    (checkpoint / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    return checkpoint
+
+
 @pytest.fixture
 def same_cpu_kernels(monkeypatch):
     """Engines loaded in the test take the same CPU kernels: the load-time timings that choose them (the C decoder

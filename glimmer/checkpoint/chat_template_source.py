@@ -24,7 +24,7 @@ import hashlib
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -49,11 +49,16 @@ TOOL_USE = "tool_use"
 
 @dataclass(frozen=True)
 class ChatTemplateSource:
-    """A chat template and where it came from. `sha256` is of the UTF-8 text (for a file: its bytes)."""
+    """A chat template and where it came from. `sha256` is of the UTF-8 text (for a file: its bytes). `named`: the
+    checkpoint tokenizer's templates by name, where it has several (tokenizer_config.json's list, or
+    `additional_chat_templates/` with `chat_template.jinja` as `default`), which transformers' `apply_chat_template`
+    (and so vLLM) renders with where its `chat_template` argument is one of the names; empty where the tokenizer has
+    one template, and for an operator's --chat-template."""
 
     text: str
     origin: str
     sha256: str
+    named: dict[str, str] = field(default_factory=dict)
 
     def compile(self) -> ChatTemplate:
         """The compiled template; CheckpointError naming where it came from if it does not compile (a request's
@@ -144,7 +149,9 @@ def _from_checkpoint(directory: Path) -> ChatTemplateSource:
                 f"{OVERRIDE_OPTION}"
             )
         return tokenizer_source
-    if tokenizer_source is not None and tokenizer_source.text != processor_source.text:
+    if tokenizer_source is None:
+        return processor_source
+    if tokenizer_source.text != processor_source.text:
         raise CheckpointError(
             f"the checkpoint has two chat templates that differ: the processor's ({processor_source.origin}) and the "
             f"tokenizer's ({tokenizer_source.origin}). transformers' processor renders with the first and its "
@@ -152,7 +159,7 @@ def _from_checkpoint(directory: Path) -> ChatTemplateSource:
             f"the second, but Glimmer renders every chat with one template; remove the one that is stale, or pass "
             f"the one to use with {OVERRIDE_OPTION}"
         )
-    return processor_source
+    return replace(processor_source, named=tokenizer_source.named)  # a name picks among the tokenizer's templates
 
 
 def _tokenizer_template(directory: Path, named: dict[str, ChatTemplateSource]) -> ChatTemplateSource | None:
@@ -182,7 +189,7 @@ def _tokenizer_template(directory: Path, named: dict[str, ChatTemplateSource]) -
     if named:
         if TOOL_USE in named:
             _refuse_another_tool_use_template(named["default"], named[TOOL_USE].text, named[TOOL_USE].origin)
-        return named["default"]
+        return replace(named["default"], named={name: source.text for name, source in named.items()})
     if config_file.is_file():
         return _from_tokenizer_config(config_file)
     return None
@@ -280,7 +287,7 @@ def _from_tokenizer_config(config_file: Path) -> ChatTemplateSource | None:
                 f"{config_file}: chat_template lists templates {sorted(map(str, named))} but none named "
                 f"'default'; pass the one to use with {OVERRIDE_OPTION}"
             )
-        source = _source(named["default"], f"{config_file} (chat_template 'default')")
+        source = replace(_source(named["default"], f"{config_file} (chat_template 'default')"), named=named)
         if TOOL_USE in named:
             _refuse_another_tool_use_template(source, named[TOOL_USE], f"{config_file} (chat_template {TOOL_USE!r})")
         return source

@@ -166,21 +166,24 @@ def refuse_turn_grammar(prompt_end: str | None, plan: ToolPlan, *, structured_pa
                            "drop one of them", param=prompt_end)
 
 
-def compiled_template_argument(source: Any) -> ChatTemplate:
-    """A caller's own `chat_template` argument compiled (transformers also takes the name of one of several templates
-    a tokenizer holds; a checkpoint gives Glimmer one, P-TMPL-1). Raises RequestError, ChatTemplateError."""
+def compiled_template_argument(source: Any, named: Mapping[str, str]) -> ChatTemplate:
+    """A caller's own `chat_template` argument compiled: as transformers' `get_chat_template`, the name of one of the
+    checkpoint tokenizer's `named` templates (LLMEngine.named_chat_templates) is that template, and any other string
+    the template's source (a name the tokenizer lacks is a source too). Raises RequestError, ChatTemplateError."""
     if not isinstance(source, str):
         raise RequestError(f"chat_template must be a jinja template source (a string), not {type(source).__name__}",
                            param="chat_template")
-    return compiled_template(source)
+    return compiled_template(named.get(source, source))
 
 
-def checked_template_argument(source: str, tokenizer: Tokenizer, max_prompt_chars: int) -> ChatTemplate:
-    """A caller's own `chat_template` source (`LLM.chat`'s, a trusted server request's) compiled, and put through the
-    check the checkpoint's template passed at load: the reply is parsed from the generation prompt on (P-TMPL-8),
-    and the prompt holds one bos (P-TMPL-5). Raises RequestError naming `chat_template`."""
+def checked_template_argument(source: str, tokenizer: Tokenizer, max_prompt_chars: int,
+                              named: Mapping[str, str]) -> ChatTemplate:
+    """A caller's own `chat_template` source, or the name of one of the checkpoint's `named` templates (`LLM.chat`'s,
+    a trusted server request's), compiled, and put through the check the checkpoint's template passed at load: the
+    reply is parsed from the generation prompt on (P-TMPL-8), and the prompt holds one bos (P-TMPL-5). Raises
+    RequestError naming `chat_template`."""
     try:
-        template = compiled_template_argument(source)
+        template = compiled_template_argument(source, named)
         check_chat_template(template, tokenizer, max_chars=max_prompt_chars)
     except ChatTemplateError as error:
         raise RequestError(f"chat_template: the template fails on a one-message probe chat: {error.template_message}",

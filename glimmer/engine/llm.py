@@ -720,7 +720,8 @@ class LLM:
         what the parsed reply shows: None (default) or True hides every special token but the framing, False
         hides none. A max_tokens past max_model_len ends the turn there (finish_reason "length"), as in vLLM.
 
-        As vLLM's: `chat_template` is a template source to render with instead of the checkpoint's;
+        As vLLM's: `chat_template` is a template source to render with instead of the checkpoint's, or the name of
+        one of the checkpoint's named templates (LLMEngine.named_chat_templates);
         `continue_final_message=True` ends the prompt inside the final message, which must be an assistant's, so
         that the reply continues its content (without repeating it) and is parsed as that message's continuation,
         in its channel: `content` for an answer, `reasoning` for a message to "self", and for a message to a tool
@@ -760,7 +761,7 @@ class LLM:
                                f"{' or '.join(map(repr, _CONTINUABLE_FIELDS))} (True: 'content')",
                                param="continue_final_message")
         template = self.engine.chat_template if chat_template is None else checked_template_argument(
-            chat_template, self.engine.tokenizer, self.engine.max_prompt_chars)
+            chat_template, self.engine.tokenizer, self.engine.max_prompt_chars, self.engine.named_chat_templates)
         plan = plan_tools(normalize_tools(tool_schemas(tools), check_schema=check_tool_parameters), tool_choice)
         strength = resolve_reasoning_strength(reasoning_effort=reasoning_effort,
                                               chat_template_kwargs=chat_template_kwargs)

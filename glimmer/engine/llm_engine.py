@@ -391,6 +391,7 @@ class LLMEngine:
                                "--kv-cache-memory", still / 2**30)
         self.scheduler = Scheduler(self.scheduler_config, self.kv, self.speculator)
         self._chat_template: ChatTemplate | None = None
+        self._named_chat_templates: Mapping[str, str] = {}
         self._grammars: GrammarCompiler | None = None
         self._grammars_lock = threading.Lock()
         self._grammar_masks: GrammarMasks | None = None
@@ -643,7 +644,16 @@ class LLMEngine:
             # unbounded by max_prompt_chars, as before the engine probed it: a context too short for any chat (a
             # tiny --max-model-len) is the chat's refusal, naming the flag, not the template's
             self._chat_template = source.probed(self.tokenizer)
+            self._named_chat_templates = source.named
         return self._chat_template
+
+    @property
+    def named_chat_templates(self) -> Mapping[str, str]:
+        """The checkpoint tokenizer's templates by name, found with `chat_template` (ChatTemplateSource.named): a
+        caller's `chat_template` argument that is one of the names renders with that template, as in transformers."""
+        if self._chat_template is None:
+            _ = self.chat_template
+        return self._named_chat_templates
 
     @property
     def grammars(self) -> GrammarCompiler:

@@ -379,7 +379,8 @@ class LLMTokenizer:
 
         The named arguments are transformers 5's, with its meaning (glimmer/engine/apply_chat_template.py): `tools`
         (schemas, or Python functions converted as transformers converts them), `documents` (the template's
-        variable), `chat_template` (a template source to render with instead of the checkpoint's),
+        variable), `chat_template` (a template source to render with instead of the checkpoint's, or the name of one of
+        the checkpoint's named templates: tokenizer_config.json's list, `additional_chat_templates/`),
         `add_generation_prompt`, `continue_final_message`, `tokenize`, `sanitize_control_tokens`, `padding`,
         `truncation`, `max_length`, `return_tensors` ('pt' or 'np') and `return_dict` ({"input_ids",
         "attention_mask"}, a `ChatEncoding` that reads as transformers' `BatchEncoding`; only with `tokenize=True`, as
@@ -425,7 +426,7 @@ class LLMTokenizer:
                                "one", param="sanitize_control_tokens")
         shape = OutputShape(padding, truncation, max_length, return_tensors, return_dict) if tokenize else None
         template = (self._engine.chat_template if chat_template is None
-                    else compiled_template_argument(chat_template))
+                    else compiled_template_argument(chat_template, self._engine.named_chat_templates))
         plan = plan_tools(normalize_tools(tool_schemas(tools)), None)
         strength = resolve_reasoning_strength(reasoning_effort=None, chat_template_kwargs=kwargs)
         template_kwargs = {k: v for k, v in kwargs.items() if k not in STRENGTH_KWARGS}

@@ -207,7 +207,8 @@ def chat_template(request: ChatCompletionRequest, context: ServingContext) -> Ch
                            "code the server runs); leave chat_template out to use the model's own, or start the "
                            "server with --trust-request-chat-template if its clients are trusted",
                            param="chat_template")
-    return checked_template_argument(request.chat_template, context.tokenizer, context.engine.engine.max_prompt_chars)
+    return checked_template_argument(request.chat_template, context.tokenizer, context.engine.engine.max_prompt_chars,
+                                     context.engine.engine.named_chat_templates)
 
 
 def turn_controller_factory(request: ChatCompletionRequest, tools: ToolPlan, context: ServingContext,

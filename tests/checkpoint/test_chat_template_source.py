@@ -55,6 +55,33 @@ def test_tokenizer_config_named_list_takes_default(tmp_path):
     assert "default" in source.origin
 
 
+@pytest.mark.parametrize("layout", ["tokenizer_config", "additional_chat_templates"])
+def test_the_tokenizers_named_templates_are_kept_for_a_chat_template_argument_naming_one(tmp_path, layout):
+    """transformers' apply_chat_template(chat_template="rag") renders the tokenizer's template of that name."""
+    if layout == "tokenizer_config":
+        write_config(tmp_path, chat_template=[{"name": "rag", "template": "documents"},
+                                              {"name": "default", "template": JINJA}])
+    else:
+        (tmp_path / "chat_template.jinja").write_text(JINJA, encoding="utf-8")
+        (tmp_path / "additional_chat_templates").mkdir()
+        (tmp_path / "additional_chat_templates" / "rag.jinja").write_text("documents", encoding="utf-8")
+    assert find_chat_template(tmp_path).named == {"default": JINJA, "rag": "documents"}
+
+
+def test_the_tokenizers_named_templates_are_kept_beside_a_processor_template(tmp_path):
+    """The processor's template is the one rendered; a name still picks among the tokenizer's, as there."""
+    write_config(tmp_path, chat_template=[{"name": "rag", "template": "documents"},
+                                          {"name": "default", "template": JINJA}])
+    (tmp_path / "processor_config.json").write_text(json.dumps({"chat_template": JINJA}), encoding="utf-8")
+    source = find_chat_template(tmp_path)
+    assert "processor_config.json" in source.origin and source.named == {"rag": "documents", "default": JINJA}
+
+
+def test_a_tokenizer_with_one_template_names_none(tmp_path):
+    write_config(tmp_path, chat_template=JINJA)
+    assert find_chat_template(tmp_path).named == {}
+
+
 def _tool_use_in_tokenizer_config(directory: Path, tool_use: str) -> None:
     write_config(directory, chat_template=[{"name": "default", "template": JINJA},
                                            {"name": "tool_use", "template": tool_use}])

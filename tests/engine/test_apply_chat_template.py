@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from glimmer import LLM
+from glimmer import LLM, SamplingParams
 from glimmer.engine.apply_chat_template import OutputShape
 from glimmer.errors import RequestError
 
@@ -32,6 +32,21 @@ def tok(llm):
 @pytest.fixture(scope="module")
 def hf(tiny_checkpoint):
     return AutoTokenizer.from_pretrained(tiny_checkpoint)
+
+
+@pytest.mark.parametrize("name", ["rag", "default"])
+def test_a_chat_template_naming_one_of_the_checkpoints_templates_renders_with_it(named_templates_checkpoint, name):
+    """It rendered the name itself as the template ("rag"), where transformers takes the template of that name."""
+    llm = LLM(str(named_templates_checkpoint), device="cpu", progress=False, kv_cache_memory=16 << 20,
+              max_model_len=1024)
+    hf = AutoTokenizer.from_pretrained(named_templates_checkpoint)
+    text = assert_as_transformers(llm.get_tokenizer(), hf, [USER], chat_template=name, add_generation_prompt=True)
+    assert ("<|message|>RAG:hi" in text) == (name == "rag")
+    # a name the checkpoint lacks is a template's source, as transformers' get_chat_template takes it
+    assert llm.get_tokenizer().apply_chat_template([USER], chat_template="summary", tokenize=False) == "summary" == \
+        hf.apply_chat_template([USER], chat_template="summary", tokenize=False)
+    chat = llm.chat([USER], SamplingParams(max_tokens=1), chat_template=name, chat_template_kwargs=KWARGS)[0]
+    assert chat.output.prompt == text
 
 
 def assert_as_transformers(tok, hf, conversation, **kwargs):

@@ -413,6 +413,20 @@ def test_a_trusted_request_template_renders_the_prompt(engine):
     assert engine.engine.tokenizer.decode(prompt.token_ids).endswith("<|start|>assistant<|message|>Hello")
 
 
+def test_a_trusted_request_template_naming_one_of_the_checkpoints_templates_renders_with_it(
+        named_templates_checkpoint):
+    """As vLLM, which hands the request's chat_template to transformers' apply_chat_template, which takes the
+    tokenizer's template of that name: the name was rendered as the template, and refused by the start check."""
+    named = AsyncEngine(EngineConfig(model=str(named_templates_checkpoint), progress=False, kv_cache_memory=8 << 20))
+    try:
+        ctx = trusting(named)
+        assert prompt_text(named, ctx, chat_template="rag") == prompt_text(named, ctx).replace(
+            "<|message|>", "<|message|>RAG:")
+        assert "RAG:" not in prompt_text(named, ctx)
+    finally:
+        named.shutdown()
+
+
 @pytest.mark.parametrize(("template", "words"), [
     ("{% if %}", "line 1: Expected an expression"),
     ("{{ " + "[" * 100 + "1" + "]" * 100 + " }}", "RecursionError"),
