@@ -1,7 +1,8 @@
 """The checkpoint's tokenizer: text ↔ token ids, special tokens resolved by name.
 
 A thin layer over the `tokenizers` library that reads a checkpoint's `tokenizer.json` and the special
-token names from `tokenizer_config.json` (or `special_tokens_map.json`). It behaves like transformers'
+token names from `tokenizer_config.json` (and, for an older one without `added_tokens_decoder`,
+`special_tokens_map.json`). It behaves like transformers'
 fast tokenizer with `skip_special_tokens=False, clean_up_tokenization_spaces=False`, the only mode an
 engine wants: special tokens carry the turn framing (P-TOK-3).
 
@@ -144,16 +145,21 @@ def _check_bos_agrees(backend: HFTokenizer, named_tokens: Mapping[str, str], nam
     `bos_token` that chat templates write: text and chat prompts would start differently (the same conversation
     sent as text or as messages would give other outputs), and a rendered prompt could hold two BOS tokens."""
     bos = named_tokens.get("bos_token")
-    plain = backend.encode("a", add_special_tokens=False).ids
-    framed = backend.encode("a", add_special_tokens=True).ids
-    # what the post-processor puts before the text (nothing where it only appends, as an EOS)
-    prefix = next((framed[:i] for i in range(len(framed) - len(plain) + 1) if framed[i:i + len(plain)] == plain), [])
+    prefix = _post_processor_prefix(backend)
     if bos is None or not prefix or prefix[0] == backend.token_to_id(bos):
         return
     raise CheckpointError(f"bos_token={bos!r} (from {named_in}) is id {backend.token_to_id(bos)}, but the "
                           f"post-processor of {origin} begins a prompt with {backend.id_to_token(prefix[0])!r} (id "
                           f"{prefix[0]}): text and chat prompts would start differently; the files do not belong "
                           "together")
+
+
+def _post_processor_prefix(backend: HFTokenizer) -> list[int]:
+    """The ids the post-processor puts before a text (`add_special_tokens=True`): [] where it only appends, as an
+    EOS, or adds nothing."""
+    plain = backend.encode("a", add_special_tokens=False).ids
+    framed = backend.encode("a", add_special_tokens=True).ids
+    return next((framed[:i] for i in range(len(framed) - len(plain) + 1) if framed[i:i + len(plain)] == plain), [])
 
 
 def _check_framing_markers(backend: HFTokenizer, origin: Path) -> None:
@@ -227,7 +233,11 @@ class Tokenizer:
         config = read_json_object(config_file, error=CheckpointError) or {}
         _check_added_tokens_decoder(config, config_file, backend, tokenizer_file)
         _apply_added_token_flags(config, config_file, backend, tokenizer_file)
-        named_tokens = _read_named_tokens(directory)
+        # transformers 5 reads special_tokens_map.json only for a config without `added_tokens_decoder` (older files)
+        map_file = directory / SPECIAL_TOKENS_MAP_FILE
+        legacy_map = ({} if "added_tokens_decoder" in config
+                      else read_json_object(map_file, error=CheckpointError) or {})
+        named_tokens = _read_named_tokens(config, config_file, legacy_map, map_file)
         for name, token in named_tokens.items():
             if backend.token_to_id(token) is None:
                 raise CheckpointError(
@@ -236,10 +246,6 @@ class Tokenizer:
                 )
         _check_bos_agrees(backend, named_tokens, f"{TOKENIZER_CONFIG_FILE} in {directory}", tokenizer_file)
         _check_framing_markers(backend, tokenizer_file)
-        # transformers 5 reads special_tokens_map.json only for a config without `added_tokens_decoder` (older files)
-        map_file = directory / SPECIAL_TOKENS_MAP_FILE
-        legacy_map = ({} if "added_tokens_decoder" in config
-                      else read_json_object(map_file, error=CheckpointError) or {})
         extra = _read_extra_special_tokens(config, config_file, legacy_map, map_file)
         for token in extra.listed:
             if backend.token_to_id(token) is None:
@@ -348,6 +354,15 @@ class Tokenizer:
             if token.rstrip:
                 start = len(text) - len(text[start:].lstrip(WHITESPACE))
         yield text[start:], None
+
+    @cached_property
+    def prompt_start_token(self) -> str | None:
+        """The token tokenizer.json's post-processor begins a prompt with (the bos `add_special_tokens=True` adds),
+        None where it adds none before the text. It is the named `bos_token` where both are set (checked at load);
+        a checkpoint may set it alone (a bos named only in special_tokens_map.json, which transformers 5 leaves
+        unread beside `added_tokens_decoder`)."""
+        prefix = _post_processor_prefix(self._backend)
+        return self._backend.id_to_token(prefix[0]) if prefix else None
 
     @cached_property
     def _piece_ids(self) -> PieceIds | None:
@@ -599,21 +614,16 @@ class _ByteLevelInverse:
         return cls() if decoder_type == "ByteLevel" else None
 
 
-def _read_named_tokens(directory: Path) -> dict[str, str]:
-    """The named special tokens' strings (`NAMED_TOKEN_NAMES`: bos, eos, unk, sep, pad, cls, mask);
-    tokenizer_config.json wins, special_tokens_map.json fills gaps.
-
-    transformers ≥ 5 ignores special_tokens_map.json when tokenizer_config.json carries
-    `added_tokens_decoder` (every current checkpoint); filling only missing names agrees with that and
-    still serves older checkpoints whose names live in the map alone.
-    """
-    named: dict[str, str] = {}
-    for filename in (TOKENIZER_CONFIG_FILE, SPECIAL_TOKENS_MAP_FILE):
-        config = read_json_object(directory / filename, error=CheckpointError) or {}
-        for name in NAMED_TOKEN_NAMES:
-            if name not in named and config.get(name) is not None:
-                named[name] = _token_content(config[name], directory / filename, name)
-    return named
+def _read_named_tokens(config: Mapping[str, object], path: Path, legacy_map: Mapping[str, object],
+                       map_path: Path) -> dict[str, str]:
+    """The named special tokens' strings (`NAMED_TOKEN_NAMES`: bos, eos, unk, sep, pad, cls, mask) as transformers 5
+    reads them: tokenizer_config.json's (`config`, read from `path`), each name `legacy_map` sets (null included)
+    taken from it instead. `legacy_map` is special_tokens_map.json (`map_path`) of a config without
+    `added_tokens_decoder`, {} beside one: transformers 5 (and so vLLM) reads the map only for such older configs, so
+    a name the map alone sets is None there, and a chat template's `bos_token` renders nothing."""
+    fields = {name: (config.get(name), path) for name in NAMED_TOKEN_NAMES}
+    fields |= {name: (legacy_map[name], map_path) for name in NAMED_TOKEN_NAMES if name in legacy_map}
+    return {name: _token_content(value, origin, name) for name, (value, origin) in fields.items() if value is not None}
 
 
 def _check_added_tokens_decoder(config: Mapping[str, object], path: Path, backend: HFTokenizer,

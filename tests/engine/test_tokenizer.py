@@ -292,17 +292,29 @@ def test_an_added_tokens_decoder_key_that_is_no_token_id_is_refused(tiny_dir, tm
         Tokenizer.from_dir(ckpt)
 
 
-def test_special_tokens_map_fills_names_the_config_lacks(tiny_dir, tmp_path):
+def test_special_tokens_map_fills_names_an_older_config_lacks(tiny_dir, tmp_path):
+    """An older tokenizer_config.json, without `added_tokens_decoder`: transformers 5 reads the map's names."""
     ckpt = copy_tokenizer(tiny_dir, tmp_path / "ckpt")
     config_file = ckpt / "tokenizer_config.json"
     config = json.loads(config_file.read_text())
-    del config["bos_token"], config["pad_token"]
-    config["eos_token"] = "<|eot|>"
+    del config["bos_token"], config["pad_token"], config["added_tokens_decoder"]
     config_file.write_text(json.dumps(config))
     tok = Tokenizer.from_dir(ckpt)
     assert tok.bos_token == "<|begin_of_text|>"  # from special_tokens_map.json
     assert tok.pad_token == "<|finetune_right_pad|>"
-    assert tok.eos_token == "<|eot|>"  # tokenizer_config.json wins
+    assert tok.eos_token == "<|end_of_text|>"
+
+
+def test_special_tokens_map_is_unread_beside_added_tokens_decoder(tiny_dir, tmp_path):
+    """As transformers 5, which names no bos or pad where the map alone names them beside `added_tokens_decoder`."""
+    ckpt = copy_tokenizer(tiny_dir, tmp_path / "ckpt")
+    config_file = ckpt / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    del config["bos_token"], config["pad_token"]
+    config_file.write_text(json.dumps(config))
+    tok = Tokenizer.from_dir(ckpt)
+    assert tok.bos_token is None and tok.pad_token is None
+    assert tok.eos_token == "<|end_of_text|>"
 
 
 def test_without_config_files_no_tokens_are_named(tiny_dir, tmp_path):

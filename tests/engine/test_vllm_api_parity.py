@@ -326,6 +326,51 @@ def test_special_tokens_map_json_adds_extra_tokens_as_transformers_reads_it(tiny
         assert getattr(tok, name) == getattr(reference, name), name
 
 
+NAMED_TOKEN_LAYOUTS = {  # tokenizer_config.json changes; special_tokens_map.json keeps bos, eos and pad
+    "in_the_map_alone_beside_added_tokens_decoder": {"bos_token": None, "pad_token": None},
+    "in_the_map_alone_without_added_tokens_decoder": {"bos_token": None, "pad_token": None,
+                                                      "added_tokens_decoder": None},
+    "in_both_without_added_tokens_decoder": {"pad_token": "<|reserved_special_token_0|>",
+                                             "added_tokens_decoder": None},
+}
+
+
+@pytest.mark.parametrize("changes", NAMED_TOKEN_LAYOUTS.values(), ids=NAMED_TOKEN_LAYOUTS.keys())
+def test_named_tokens_in_special_tokens_map_json_are_read_as_transformers_reads_them(tiny_checkpoint, tmp_path,
+                                                                                     changes):
+    """transformers 5 reads the map only for a config without `added_tokens_decoder`, and there the map's names win
+    over the config's: a bos and pad the map alone named beside it were Glimmer's (None in transformers, and so in
+    vLLM: the chat template's `{{ bos_token }}` writes nothing), and the config's pad won over the map's."""
+    checkpoint = _checkpoint_with_tokenizer_config(tiny_checkpoint, tmp_path / "config", **changes)
+    llm = LLM(str(checkpoint), device="cpu", progress=False, kv_cache_memory=1 << 20, max_model_len=1024)
+    tok, reference = llm.get_tokenizer(), AutoTokenizer.from_pretrained(str(checkpoint))
+    for name in ("bos_token", "bos_token_id", "pad_token", "pad_token_id", "special_tokens_map", "all_special_ids"):
+        assert getattr(tok, name) == getattr(reference, name), name
+    chat = [{"role": "user", "content": "hi"}]
+    assert tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True, current_date="2026-01-01") == \
+        reference.apply_chat_template(chat, tokenize=False, add_generation_prompt=True, current_date="2026-01-01")
+
+
+def test_a_bos_the_files_do_not_name_is_still_written_once(tiny_checkpoint, tmp_path):
+    """With bos named in special_tokens_map.json alone (unread beside `added_tokens_decoder`, as in transformers), a
+    prompt is still told by the post-processor's bos: a template that writes it as text, or a text prompt that
+    begins with it, gets no second one."""
+    changes = NAMED_TOKEN_LAYOUTS["in_the_map_alone_beside_added_tokens_decoder"]
+    checkpoint = _checkpoint_with_tokenizer_config(tiny_checkpoint, tmp_path / "config", **changes)
+    llm = LLM(str(checkpoint), device="cpu", progress=False, kv_cache_memory=1 << 20, max_model_len=1024)
+    bos = "<|begin_of_text|>"
+    bos_id = llm.get_tokenizer().convert_tokens_to_ids(bos)
+    template = llm.get_tokenizer().chat_template
+    assert "bos_token if bos_token is defined else ''" in template
+    written = template.replace("bos_token if bos_token is defined else ''", repr(bos))
+    params = SamplingParams(max_tokens=1)
+    for template_used in (None, written):
+        ids = llm.chat([{"role": "user", "content": "hi"}], params, chat_template=template_used,
+                       chat_template_kwargs={"current_date": "2026-01-01"})[0].output.prompt_token_ids
+        assert ids[0] == bos_id and ids.count(bos_id) == 1
+    assert llm.generate(bos + "hello", params)[0].prompt_token_ids.count(bos_id) == 1
+
+
 def test_a_chat_template_sees_every_named_token_the_config_sets_as_transformers_passes_them(tiny_checkpoint, tmp_path):
     """The template saw bos, eos, pad and unk only: `{{ sep_token }}` or a model-specific `{{ image_token }}` rendered
     as nothing, silently; transformers 5 passes its whole `special_tokens_map`."""
