@@ -49,6 +49,23 @@ class RequestError(GlimmerError, ValueError):
         renamed.param = param
         return renamed
 
+    def naming_prompt(self, name: str) -> "RequestError":
+        """This error as a caller whose prompt is `name` words it: the engine names a prompt that cannot fit
+        `messages` (chat) or `prompt`; the caller's field is `prompt`, `messages`, or one of several (`prompt[1]` of
+        /v1/completions, `prompts[1]` of LLM.generate, `messages[1]` of LLM.chat), so that the client can tell which
+        to shorten. A max_tokens or min_tokens the context left by one of several prompts cannot hold, or a
+        truncate_prompt_tokens that cut one to fill it, keeps its field and names the prompt too. Itself where
+        nothing changes."""
+        several = name not in ("prompt", "messages")
+        if self.param in ("max_tokens", "min_tokens", "truncate_prompt_tokens") and several:
+            return self.with_message(f"{name}: {self}", self.param)
+        if self.param not in ("messages", "prompt") or self.param == name or name == "messages":
+            return self
+        message = str(self)
+        if not name.startswith("messages"):  # (one of several conversations is shortened as messages)
+            message = message.replace("shorten the messages", "shorten the prompt")
+        return self.with_message(f"{name}: {message}" if several else message, name)
+
 
 class ServiceBusyError(RequestError):
     """A sound request needing something the server shares among requests, none of it free for now: HTTP 503 with

@@ -896,20 +896,15 @@ def _is_single_prompt(prompts: object) -> bool:
 
 @contextlib.contextmanager
 def _naming_the_prompt(name: str) -> Iterator[None]:
-    """Errors about the prompt (raised by the engine for chat messages or a prompt) re-raised naming `name`; a
-    truncate_prompt_tokens that cut one of several prompts to fill the context keeps its field and names the prompt
-    too (`prompts[1]: ...`), as /v1/completions names `prompt[1]`."""
+    """Errors about the prompt (raised by the engine for chat messages or a prompt) re-raised naming `name`
+    (`RequestError.naming_prompt`)."""
     try:
         yield
     except RequestError as error:
-        if error.param == "truncate_prompt_tokens" and name not in ("prompt", "messages"):
-            raise error.with_message(f"{name}: {error}", error.param) from error
-        if error.param not in ("messages", "prompt") or error.param == name or name == "messages":
+        renamed = error.naming_prompt(name)
+        if renamed is error:
             raise
-        message = str(error)
-        if not name.startswith("messages"):  # one of several conversations (`messages[1]`) is shortened as messages
-            message = message.replace("shorten the messages", "shorten the prompt")
-        raise error.with_message(message if name == "prompt" else f"{name}: {message}", name) from error
+        raise renamed from error
 
 
 def _in_conversation(parts: list[PromptPart], index: int | None) -> list[PromptPart]:

@@ -200,7 +200,7 @@ def _prompts(prompt: str | list[str] | list[int] | list[list[int]], add_special_
             refuse_stray_placeholders(ids[-1], engine.model_config.image_token_id, engine.model_config.video_token_id)
             engine.generation_budget(len(ids[-1]), params)
         except RequestError as exc:
-            raise naming_the_prompt(exc, name) from None
+            raise exc.naming_prompt(name) from None
     return ids
 
 
@@ -241,19 +241,6 @@ def _controller_factory(request: CompletionRequest, context: ServingContext) -> 
     return context.grammars.structured_outputs(structured, param)
 
 
-def naming_the_prompt(error: RequestError, name: str = "prompt") -> RequestError:
-    """The engine names a prompt that cannot fit `messages` (the chat field) or `prompt`; this endpoint's field is
-    `name`: `prompt`, or `prompt[i]` in a batch, so that a client can tell which of its prompts to shorten. A
-    max_tokens or min_tokens the context left by `prompt[i]` cannot hold, or a truncate_prompt_tokens that cannot cut
-    it, keeps its field and names the prompt too."""
-    if error.param in ("max_tokens", "min_tokens", "truncate_prompt_tokens") and name != "prompt":
-        return error.with_message(f"{name}: {error}", error.param)
-    if error.param not in ("messages", "prompt") or error.param == name:
-        return error
-    message = str(error).replace("shorten the messages", "shorten the prompt")
-    return error.with_message(message if name == "prompt" else f"{name}: {message}", name)
-
-
 async def create_completion(raw_request: Request, context: ServingContext) -> Response:
     arrival = time.monotonic()
     request = parse_body(CompletionRequest, await read_body(raw_request, context))
@@ -266,7 +253,7 @@ async def create_completion(raw_request: Request, context: ServingContext) -> Re
         prompts = await in_worker_thread(raw_request, lambda cancel: _prompts(
             request.prompt, request.add_special_tokens, params, context, cancel))
     except RequestError as exc:
-        raise naming_the_prompt(exc) from None
+        raise exc.naming_prompt("prompt") from None
     run = _CompletionRun(context, request, model_name, prompts, params.n, [], RequestTimer(context.metrics, arrival))
     engine_id = run.id
     if client_id is not None:
@@ -304,7 +291,7 @@ async def _beam_search_response(raw_request: Request, run: _CompletionRun, engin
         outputs, cached = await until_disconnect(raw_request, run_beam_search(run.context, engine_id, run.prompts,
                                                                                beam, params))
     except RequestError as error:
-        raise naming_the_prompt(error) from None
+        raise error.naming_prompt("prompt") from None
     choices = []
     for number, output in enumerate(outputs):
         for rank, sequence in enumerate(output.sequences):
@@ -393,13 +380,13 @@ def _coalesced(items: Iterable[tuple[int, Any]]) -> list[tuple[int, Any]]:
 
 
 async def _naming_its_prompt(stream: AsyncIterator[StepDelta], name: str) -> AsyncIterator[StepDelta]:
-    """`stream`, whose RequestError names its prompt, `name` (`naming_the_prompt`)."""
+    """`stream`, whose RequestError names its prompt, `name` (`RequestError.naming_prompt`)."""
     async with contextlib.aclosing(stream):
         try:
             async for delta in stream:
                 yield delta
         except RequestError as error:
-            raise naming_the_prompt(error, name) from None
+            raise error.naming_prompt(name) from None
 
 
 async def _every_prompt_begun(updates: AsyncIterator[tuple[int, StepDelta]], num_prompts: int,

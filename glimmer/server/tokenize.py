@@ -20,7 +20,7 @@ from glimmer.cancellation import CancelToken
 from glimmer.errors import RequestError
 from glimmer.server.body import read_body
 from glimmer.server.chat_prompt import build_chat_prompt, prompt_threads
-from glimmer.server.completions import checked_token_ids, naming_the_prompt, text_prompt_ids
+from glimmer.server.completions import checked_token_ids, text_prompt_ids
 from glimmer.server.context import ServingContext
 from glimmer.server.schemas import ChatCompletionRequest, Items, RequestBody, parse_body, validate_json
 from glimmer.server.streaming import in_worker_thread
@@ -89,7 +89,7 @@ def _token_ids(request: TokenizeRequest, context: ServingContext, cancel: Cancel
         try:  # as /v1/completions reads the text, so that the counts agree
             return text_prompt_ids(request.prompt or "", request.add_special_tokens is not False, context)
         except RequestError as exc:
-            raise naming_the_prompt(exc) from None
+            raise exc.naming_prompt("prompt") from None
     if request.add_special_tokens:
         raise RequestError("add_special_tokens: the chat template writes the bos itself, so messages cannot take "
                            "another; leave add_special_tokens out or false", param="add_special_tokens")
