@@ -4,16 +4,21 @@ it can run on, not by a cgroup's CPU quota (`docker run --cpus 2`, a Kubernetes 
 every barrier for those the quota has throttled. The process's own cgroup is read from /proc/self/cgroup and the
 tightest quota on the path from it up to the root counts (each ancestor's quota limits all below it), so a process
 in a nested cgroup (a systemd service, a container sharing the host's cgroup namespace) finds its quota too.
-OMP_NUM_THREADS, when set, is the operator's choice and is left as it is."""
+OMP_NUM_THREADS, when set, is the operator's choice and is left as it is; a value OpenMP does not take (which it
+ignores, running one thread per core) is refused, not taken for a choice."""
 
 from __future__ import annotations
 
 import logging
 import math
 import os
+import re
+from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
 import torch
+
+from glimmer.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -89,11 +94,30 @@ def cgroup_cpu_limit(root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_SELF_CGR
     return max(1, math.ceil(min(quotas))) if quotas else None
 
 
+OMP_THREAD_COUNTS = re.compile(r"\s*\+?0*[1-9]\d*\s*(,\s*\+?0*[1-9]\d*\s*)*")
+"""What OpenMP takes for OMP_NUM_THREADS: a positive integer, or a comma-separated list of them (one per nesting
+level); libgomp warns of anything else (0, -1, 'abc', '4,') and runs one thread per core."""
+
+
+def omp_num_threads_set(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether the operator set OMP_NUM_THREADS (blank counts as unset); ConfigError for a value OpenMP ignores,
+    which would otherwise pass for a choice and keep the thread count from the cgroup's quota."""
+    raw = environ.get("OMP_NUM_THREADS", "")
+    if not raw.strip():
+        return False
+    if not OMP_THREAD_COUNTS.fullmatch(raw):
+        raise ConfigError(f"OMP_NUM_THREADS={raw!r} is not a thread count: OpenMP takes a positive integer (or a "
+                          "comma-separated list of them) and ignores anything else; set it to the threads to run, "
+                          "such as 4, or unset it for one per core the process may use (the cgroup's CPU quota where "
+                          "lower)")
+    return True
+
+
 def fit_threads_to_cpu_quota(root: Path | None = None, proc_cgroup: Path | None = None) -> None:
     """Lower torch's thread count to the process's cgroup quota (the cgroup file system at `root`, default
     CGROUP_ROOT; its own cgroup read from `proc_cgroup`, default PROC_SELF_CGROUP) where it is larger, unless
-    OMP_NUM_THREADS is set."""
-    if os.environ.get("OMP_NUM_THREADS"):
+    OMP_NUM_THREADS is set (ConfigError where it is set to what OpenMP does not take)."""
+    if omp_num_threads_set():
         return
     limit = cgroup_cpu_limit(CGROUP_ROOT if root is None else root,
                              PROC_SELF_CGROUP if proc_cgroup is None else proc_cgroup)

@@ -341,9 +341,9 @@ class LLMEngine:
         if config.speculative_config is not None:
             spec_config = SpeculativeConfig.parse(config.speculative_config)
             self.num_speculative_tokens = self._check_drafter_config(spec_config)
-        mark_model_started()  # what follows starts the model's threads: forks of this process refuse engines
         if self.device.type == "cpu":  # before loading and the CPU path's timings, which the thread count changes
-            fit_threads_to_cpu_quota()
+            fit_threads_to_cpu_quota()  # (sets the count, starts no thread; refuses an OMP_NUM_THREADS OpenMP ignores)
+        mark_model_started()  # what follows starts the model's threads: forks of this process refuse engines
         self.loaded: LoadedModel = load_model(self.checkpoint, dtype=self.dtype, device=self.device,
                                               progress=config.progress, load_format=self._weights_load_format,
                                               seed=config.seed)

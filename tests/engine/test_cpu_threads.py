@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from glimmer.engine import cpu_threads
-from glimmer.engine.cpu_threads import cgroup_cpu_limit, fit_threads_to_cpu_quota
+from glimmer.engine.cpu_threads import cgroup_cpu_limit, fit_threads_to_cpu_quota, omp_num_threads_set
 from glimmer.engine.llm_engine import EngineConfig, LLMEngine
+from glimmer.errors import ConfigError
 
 
 def _cgroup(root, version: int, quota: str, period: str = "100000"):
@@ -118,3 +119,27 @@ def test_omp_num_threads_or_a_larger_quota_leaves_the_thread_count(tmp_path, mon
     (tmp_path / "cpu.max").write_text("100000 100000\n")
     fit_threads_to_cpu_quota(tmp_path)
     assert torch.get_num_threads() == 2
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "abc", "1.5", "4,", "0,2", "2 1", "0x2"])
+def test_an_omp_num_threads_openmp_ignores_is_refused_not_taken_for_a_choice(tmp_path, monkeypatch, two_threads,
+                                                                             make_tiny, value):
+    """libgomp warns of such a value and runs a thread per core; the engine took it for the operator's count and left
+    the cgroup's quota unapplied."""
+    monkeypatch.setattr(cpu_threads, "CGROUP_ROOT", _cgroup(tmp_path, 2, "100000"))
+    monkeypatch.setenv("OMP_NUM_THREADS", value)
+    with pytest.raises(ConfigError, match=r"OMP_NUM_THREADS=.* is not a thread count: .*unset it"):
+        LLMEngine(EngineConfig(model=str(make_tiny()), device="cpu", kv_cache_memory=8 << 20, progress=False))
+    assert torch.get_num_threads() == 2
+
+
+@pytest.mark.parametrize(("value", "set_"), [("4", True), (" 2 , 1", True), ("+3", True), ("08", True), ("", False),
+                                             ("  ", False)])
+def test_omp_num_threads_is_read_as_openmp_reads_it(value, set_):
+    assert omp_num_threads_set({"OMP_NUM_THREADS": value}) is set_
+
+
+def test_a_blank_omp_num_threads_leaves_the_quota_applied(tmp_path, monkeypatch, two_threads):
+    monkeypatch.setenv("OMP_NUM_THREADS", " ")
+    fit_threads_to_cpu_quota(_cgroup(tmp_path, 2, "100000"))
+    assert torch.get_num_threads() == 1
