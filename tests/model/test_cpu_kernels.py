@@ -201,6 +201,19 @@ def test_cc_may_carry_arguments_and_an_unusable_one_is_reported(monkeypatch, cap
     assert cpu._compiler() is not None and "cannot be split as a shell would (No closing quotation)" in caplog.text
 
 
+def test_a_cc_path_that_is_there_but_cannot_run_is_reported_as_such(tmp_path, monkeypatch, caplog):
+    """It was reported as naming no program on PATH, though the file or folder named is there."""
+    script = tmp_path / "mycc"
+    script.write_text("#!/bin/sh\nexec cc \"$@\"\n")
+    script.chmod(0o644)
+    for named in (script, tmp_path):
+        caplog.clear()
+        monkeypatch.setenv("CC", f"{named} -O2")
+        assert cpu._compiler()[0] != str(named)
+        assert f"names {named}, which is not a program this user may run" in caplog.text
+        assert "chmod +x" in caplog.text and "no program on PATH" not in caplog.text
+
+
 def test_a_temporary_cache_directory_others_could_write_is_not_used(tmp_path, monkeypatch):
     """Where the user's cache cannot be written, a library is only looked for in a private directory: one found
     in a directory another user owns or may write could be anyone's code."""

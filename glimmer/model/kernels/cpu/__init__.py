@@ -140,7 +140,12 @@ def _compiler() -> list[str] | None:
             found = shutil.which(command[0])
             if found:
                 return [found, *command[1:]]
-            logger.warning("CPU kernels: CC=%r names no program on PATH; trying cc, gcc and clang", configured)
+            if os.path.dirname(command[0]) and os.path.exists(command[0]):  # a path: which() does not search PATH
+                logger.warning("CPU kernels: CC=%r names %s, which is not a program this user may run (a folder, "
+                               "or a file without execute permission: chmod +x it); trying cc, gcc and clang",
+                               configured, command[0])
+            else:
+                logger.warning("CPU kernels: CC=%r names no program on PATH; trying cc, gcc and clang", configured)
     for name in ("cc", "gcc", "clang"):
         found = shutil.which(name)
         if found:
