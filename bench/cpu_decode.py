@@ -121,16 +121,29 @@ def time_transformers(model, prompts: list[list[int]], new_tokens: int, token_co
     return elapsed, out[:, ids.shape[1]:].tolist()
 
 
+def thread_count(text: str) -> int:
+    """--threads: a positive integer (0 was taken for torch's choice, and a negative count was set_num_threads'
+    RuntimeError, a stack trace)."""
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a thread count: give a positive integer, or leave --threads "
+                                         "out for torch's choice")
+    return count
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", default="1,8", help="comma-separated batch sizes")
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=2, help="timed runs per engine and batch; the best counts")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--threads", type=thread_count, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--target", type=float, default=2.0, help="the ratio to transformers to reach")
     args = parser.parse_args()
-    if args.threads:
+    if args.threads is not None:
         torch.set_num_threads(args.threads)
     batches = [int(b) for b in args.batches.split(",")]
     generator = torch.Generator().manual_seed(0)

@@ -20,3 +20,15 @@ def test_help_prints_the_usage_and_runs_nothing(script):
                           timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("usage: "), done.stdout[:300]
+
+
+@pytest.mark.parametrize("threads", ["0", "-2", "two"])
+def test_cpu_decode_refuses_a_thread_count_that_is_not_one(threads):
+    """--threads 0 ran with torch's own count, as if it were left out, and --threads -2 ended in set_num_threads'
+    RuntimeError, a stack trace."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "cpu_decode.py"), "--threads", threads], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"argument --threads: {threads!r} is not a thread count: give a positive integer" in done.stderr
+    assert "Traceback" not in done.stderr
