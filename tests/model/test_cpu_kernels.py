@@ -322,6 +322,54 @@ def test_without_a_home_directory_the_kernels_are_cached_in_a_private_temporary_
     assert built.parent == tmp_path / f"glimmer-cpu-kernels-{os.getuid()}"
 
 
+def _noexec_under(monkeypatch, *roots: Path) -> None:
+    """os.statvfs reports the file systems under `roots` mounted noexec (`mount -o noexec`, which a test cannot do)."""
+    real = os.statvfs
+
+    def statvfs(path):
+        result = real(path)
+        if not any(Path(path).is_relative_to(root) for root in roots):
+            return result
+        fields = list(result)
+        fields[8] |= os.ST_NOEXEC  # f_flag
+        return os.statvfs_result(fields)
+
+    monkeypatch.setattr(os, "statvfs", statvfs)
+
+
+@pytest.mark.skipif(not hasattr(os, "ST_NOEXEC"), reason="no noexec mount flag on this system")
+def test_a_cache_on_a_noexec_file_system_gives_way_to_the_temporary_directory(tmp_path, monkeypatch, caplog):
+    """A library built there fails to load ('failed to map segment from shared object'): every flag set was compiled
+    and refused in turn, and the CPU ran the torch path, blamed on the compiler."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(cpu.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    _noexec_under(monkeypatch, tmp_path / "cache")
+    caplog.set_level("INFO")
+    built = cpu._build(cpu._compiler())
+    assert built.parent == tmp_path / "tmp" / f"glimmer-cpu-kernels-{os.getuid()}"
+    assert ctypes.CDLL(str(built)).glimmer_silu_mul is not None
+    assert f"{tmp_path / 'cache' / 'glimmer' / 'cpu-kernels'} is on a file system mounted noexec" in caplog.text
+
+
+@pytest.mark.skipif(not hasattr(os, "ST_NOEXEC"), reason="no noexec mount flag on this system")
+def test_cache_and_temporary_directory_both_noexec_run_the_torch_path_saying_so_without_building(tmp_path,
+                                                                                                  monkeypatch, caplog):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(cpu.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    _noexec_under(monkeypatch, tmp_path / "cache", tmp_path / "tmp")
+    counting = tmp_path / "countcc"
+    counting.write_text(f'#!/bin/sh\ncase " $* " in *" -o "*) echo >> {tmp_path / "builds"};; esac\n'
+                        f'exec {shlex.join(cpu._compiler())} "$@"\n')
+    counting.chmod(0o755)
+    monkeypatch.setenv("CC", str(counting))
+    assert cpu.library.__wrapped__() is None
+    assert not (tmp_path / "builds").exists()
+    assert "mounted noexec" in caplog.text and "set XDG_CACHE_HOME (or TMPDIR) to a directory" in caplog.text
+    assert "the compiler failed" not in caplog.text
+
+
 def test_a_cached_library_whose_runtime_is_gone_is_built_again(tmp_path, monkeypatch):
     """A library built with -fopenmp needs the OpenMP runtime it linked (clang's libomp.so.5, from libomp-dev); once
     that is removed, the cached library fails to load and the CPU ran the torch path at every start. It is built

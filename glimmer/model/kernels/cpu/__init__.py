@@ -8,7 +8,8 @@ residual norms, QK-norm + RoPE + cache store, decode attention over the paged ca
 (`kernels/decoder_stack.py`).
 
 The system C compiler (`CC`, else `cc`, `gcc` or `clang`) builds both once per source, compiler and CPU into
-the user's cache (`$XDG_CACHE_HOME/glimmer/cpu-kernels`, else `~/.cache/...`); `-march=native` and OpenMP are used
+the user's cache (`$XDG_CACHE_HOME/glimmer/cpu-kernels`, else `~/.cache/...`; where that cannot be written or is
+mounted noexec, a private directory of the temporary one); `-march=native` and OpenMP are used
 where the compiler takes them. After loading, every function is checked against its torch reference on a random
 probe. Where there is no compiler, the build or the probe fails, or `GLIMMER_KERNELS=torch`, every op runs its
 torch reference (the CPU path before these kernels existed): slower, never different beyond float32 rounding.
@@ -238,28 +239,44 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
+NOEXEC = "is on a file system mounted noexec, from which no library loads"
+
+
+def _mounted_noexec(directory: Path) -> bool:
+    """Whether `directory` is on a file system mounted noexec (a hardened /home or /tmp, a container volume): a
+    library built there fails to load ('failed to map segment from shared object'), with every flag set."""
+    return bool(os.statvfs(directory).f_flag & getattr(os, "ST_NOEXEC", 0))
+
+
 def _writable_cache_dir() -> Path:
-    """The user's cache directory; where it cannot be written, a directory of the temporary one that only this
-    user can write (a library found in a directory others can write could be anyone's code: it is loaded)."""
+    """The user's cache directory; where it cannot be written or is mounted noexec, a directory of the temporary one
+    that only this user can write (a library found in a directory others can write could be anyone's code: it is
+    loaded). OSError where the temporary one is mounted noexec too."""
     directory = _cache_dir()
+    problem = "cannot be written"
     if directory is not None:
         try:
             directory.mkdir(parents=True, exist_ok=True)
             tempfile.NamedTemporaryFile(dir=directory, delete=True).close()
-            return directory
+            if not _mounted_noexec(directory):
+                return directory
+            problem = NOEXEC
         except OSError:
             pass
     wanted = directory or "the user's cache (there is no home directory)"
     shared = Path(tempfile.gettempdir()) / f"glimmer-cpu-kernels-{os.getuid()}"
     with contextlib.suppress(FileExistsError):
         shared.mkdir(mode=0o700)
+    if _mounted_noexec(shared):
+        raise OSError(f"{wanted} {problem}, and {shared} {NOEXEC}; set XDG_CACHE_HOME (or TMPDIR) to a directory on a "
+                      "file system mounted with exec")
     info = shared.lstat()
     if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o077:
-        logger.info("CPU kernels: %s cannot be written; caching in %s", wanted, shared)
+        logger.info("CPU kernels: %s %s; caching in %s", wanted, problem, shared)
         return shared
     private = Path(tempfile.mkdtemp(prefix="glimmer-cpu-kernels-"))  # not ours, or open to others: this process only
-    logger.warning("CPU kernels: %s cannot be written and %s is not a private directory of this user; building in "
-                   "%s for this process", wanted, shared, private)
+    logger.warning("CPU kernels: %s %s and %s is not a private directory of this user; building in %s for this "
+                   "process", wanted, problem, shared, private)
     return private
 
 
