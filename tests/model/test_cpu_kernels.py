@@ -370,6 +370,32 @@ def test_cache_and_temporary_directory_both_noexec_run_the_torch_path_saying_so_
     assert "the compiler failed" not in caplog.text
 
 
+def test_a_library_whose_loading_ends_the_process_is_refused_in_a_child_not_loaded(tmp_path):
+    """CC='gcc -fsanitize=address' builds a library whose runtime exits any process that loads it without having been
+    loaded first: the engine's process ended at its load (status 1) with ASan's message, where the CPU should run
+    the torch path. (In a process of its own, as that process is what ended.)"""
+    (tmp_path / "probe.c").write_text("int glimmer_probe(void) { return 1; }\n")
+    asan = subprocess.run([*cpu._compiler(), "-fsanitize=address", "-shared", "-fPIC", str(tmp_path / "probe.c"),
+                           "-o", str(tmp_path / "probe.so")], capture_output=True)
+    if asan.returncode != 0:
+        pytest.skip("the compiler builds no AddressSanitizer library here")
+    env = {**os.environ, "CC": f"{shlex.join(cpu._compiler())} -fsanitize=address",
+           "XDG_CACHE_HOME": str(tmp_path / "cache"), "PYTHONPATH": str(Path(cpu.__file__).parents[4])}
+    load = "from glimmer.model.kernels import cpu; print('library', cpu.library())"
+    done = subprocess.run([sys.executable, "-c", load], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "library None" in done.stdout
+    assert "does not load: " in done.stderr and "the CPU runs the torch path" in done.stderr
+    assert not list((tmp_path / "cache").rglob("*.so*"))
+
+
+def test_without_an_interpreter_to_start_a_new_build_is_loaded_in_this_process_alone(tmp_path, monkeypatch):
+    """An embedded Python (sys.executable empty) cannot load a build in a child: the kernels are built all the same."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(cpu.sys, "executable", "")
+    assert ctypes.CDLL(str(cpu._build(cpu._compiler()))).glimmer_silu_mul is not None
+
+
 def test_a_cached_library_whose_runtime_is_gone_is_built_again(tmp_path, monkeypatch):
     """A library built with -fopenmp needs the OpenMP runtime it linked (clang's libomp.so.5, from libomp-dev); once
     that is removed, the cached library fails to load and the CPU ran the torch path at every start. It is built

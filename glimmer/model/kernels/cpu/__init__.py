@@ -31,6 +31,7 @@ import shlex
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -213,7 +214,7 @@ def _build(compiler: list[str]) -> Path:
                                     capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
             reason = _reason(result.stderr)
             if result.returncode == 0:
-                ctypes.CDLL(partial)  # a flag set may build what cannot load: zig cc's -fopenmp links no OpenMP runtime
+                _load_in_a_child(partial)  # a flag set may build what cannot load: zig cc's -fopenmp links no runtime
                 target = directory / f"ops-{key}-{_digest(Path(partial))}.so"
                 os.replace(partial, target)
                 logger.info("CPU kernels: built %s with %s", target, " ".join([*BASE_FLAGS, *extra]))
@@ -225,6 +226,21 @@ def _build(compiler: list[str]) -> Path:
                 os.unlink(partial)
         errors.append(reason)
     raise OSError(f"the compiler failed with every flag set: {errors[-1]}")
+
+
+def _load_in_a_child(library_path: str) -> None:
+    """Load a freshly built library in a child Python first; OSError with the child's reason where that fails. Some
+    fail with an error (zig cc's -fopenmp links no OpenMP runtime), others end the process that loads them: a CC
+    carrying -fsanitize=address builds one whose runtime exits the process ('ASan runtime does not come first')."""
+    try:
+        result = subprocess.run([sys.executable, "-c", "import ctypes, sys; ctypes.CDLL(sys.argv[1])", library_path],
+                                capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+    except OSError:  # no interpreter to start (an embedded Python's sys.executable is empty): only this process tries
+        ctypes.CDLL(library_path)
+        return
+    if result.returncode != 0:
+        lines = result.stderr.strip().splitlines()
+        raise OSError(f"{library_path} does not load: {lines[-1] if lines else f'exit status {result.returncode}'}")
 
 
 def _reason(stderr: str) -> str:
