@@ -43,9 +43,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# the counts a run takes, by option: each at least this (a step count of 0 keeps the initialized weights)
+_LEAST = {"workers": 1, "conversations": 1, "batch_tokens": 1, "target_steps": 0, "drafter_steps": 0,
+          "drafter_conversations": 1}
+SEED_LIMIT = 2**64  # torch's generators take seeds below it; numpy's none below 0
+
+
+def _count_problem(args: argparse.Namespace) -> str | None:
+    """A count or seed out of range: none would train (a corpus of 0 conversations ended in a numpy traceback, a
+    drafter of 0 waited for a batch forever, a negative seed was numpy's ValueError after the tokenizer)."""
+    for dest, least in _LEAST.items():
+        value = getattr(args, dest)
+        if value is not None and value < least:
+            return f"--{dest.replace('_', '-')} {value}: give {'a count of at least 1' if least else '0 or more'}"
+    if args.seed is not None and not 0 <= args.seed < SEED_LIMIT:
+        return f"--seed {args.seed}: give a seed from 0 to 2**64 - 1"
+    conversations = args.conversations if args.conversations is not None else RECIPES[args.recipe].conversations
+    if args.target is None and args.drafter_conversations is not None and args.drafter_conversations > conversations:
+        return (f"--drafter-conversations {args.drafter_conversations} is more than the corpus's {conversations} "
+                "conversations (--conversations): the drafter trains on the corpus's first conversations; give at "
+                "most as many")
+    return None
+
+
 def _argument_problem(args: argparse.Namespace) -> str | None:
-    """What is wrong with --target or --device, found before minutes of corpus generation (and before train_all
-    creates a mistyped --target as an empty directory)."""
+    """What is wrong with a count, --target or --device, found before minutes of corpus generation (and before
+    train_all creates a mistyped --target as an empty directory)."""
+    count_problem = _count_problem(args)
+    if count_problem is not None:
+        return count_problem
     if args.target is not None:
         missing = [name for name in ("config.json", "tokenizer.json") if not (args.target / name).is_file()]
         if missing:

@@ -63,10 +63,24 @@ def test_a_drafter_alone_for_a_trained_target(trained, tmp_path):
     (["--target", "{tmp}/glimmer-nan"], "is not a trained target checkpoint (it has no config.json or tokenizer.json)"),
     (["--device", "cdua"], "--device cdua is not a device"),
     (["--device", "meta"], "--device meta is not supported"),
+    (["--conversations", "0"], "--conversations 0: give a count of at least 1"),
+    (["--drafter-conversations", "0"], "--drafter-conversations 0: give a count of at least 1"),
+    (["--workers", "-2"], "--workers -2: give a count of at least 1"),
+    (["--batch-tokens", "0"], "--batch-tokens 0: give a count of at least 1"),
+    (["--target-steps", "-1"], "--target-steps -1: give 0 or more"),
+    (["--drafter-steps", "-5"], "--drafter-steps -5: give 0 or more"),
+    (["--seed", "-1"], "--seed -1: give a seed from 0 to 2**64 - 1"),
+    (["--seed", str(2**64)], f"--seed {2**64}: give a seed from 0 to 2**64 - 1"),
+    (["--drafter-conversations", "25"], "--drafter-conversations 25 is more than the corpus's 24 conversations"),
+    (["--conversations", "10", "--drafter-conversations", "11"],
+     "--drafter-conversations 11 is more than the corpus's 10 conversations"),
 ])
-def test_a_wrong_target_or_device_is_one_line_before_anything_is_written(capsys, tmp_path, flags, words):
+def test_a_wrong_option_is_one_line_before_anything_is_written(capsys, tmp_path, flags, words):
     """A mistyped --target was created as an empty directory and the run ended in a traceback, `Exception: No such
-    file or directory (os error 2)`; a mistyped --device in torch's RuntimeError traceback."""
+    file or directory (os error 2)`; a mistyped --device in torch's RuntimeError traceback. A count or seed out of
+    range was taken: --conversations 0 and --seed -1 ended in numpy tracebacks after the tokenizer was written,
+    --drafter-conversations 0 waited for a batch forever, --workers 0 and --batch-tokens 0 ran as if sensible, and
+    a --drafter-conversations above the corpus's trained the drafter on fewer without a word."""
     out = tmp_path / "out"
     with pytest.raises(SystemExit) as exit_info:
         main([str(out), "--recipe", "micro", "--workers", "1", *[flag.format(tmp=tmp_path) for flag in flags]])
