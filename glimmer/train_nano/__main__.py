@@ -14,7 +14,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from glimmer.train_nano.pipeline import train_all
+from glimmer.train_nano.pipeline import CorpusTooSmall, train_all
 from glimmer.train_nano.recipe import RECIPES
 
 
@@ -105,8 +105,11 @@ def main(argv: list[str] | None = None) -> int:
                                                ("drafter_steps", args.drafter_steps),
                                                ("drafter_conversations", args.drafter_conversations))
                  if value is not None}
-    train_all(replace(recipe, **overrides), args.out_dir, device=args.device, workers=args.workers,
-              target=args.target)
+    try:
+        train_all(replace(recipe, **overrides), args.out_dir, device=args.device, workers=args.workers,
+                  target=args.target)
+    except CorpusTooSmall as error:
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
     return 0
 
 

@@ -127,7 +127,9 @@ def build_corpus(tokenizer_file: Path, template: str, *, seed: int, count: int, 
     kept = [parts[i] for i in sources]
     offsets = np.zeros(len(kept) + 1, dtype=np.int64)
     offsets[1:] = np.cumsum([len(ids) for ids, _ in kept])
-    return TokenizedCorpus(np.concatenate([ids for ids, _ in kept]), np.concatenate([f for _, f in kept]), offsets,
+    # the empty arrays first: a corpus that kept none is empty, not numpy's ValueError
+    return TokenizedCorpus(np.concatenate([np.zeros(0, np.int32), *(ids for ids, _ in kept)]),
+                           np.concatenate([np.zeros(0, np.bool_), *(f for _, f in kept)]), offsets,
                            np.asarray(sources, dtype=np.int64))
 
 

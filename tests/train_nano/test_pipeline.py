@@ -88,3 +88,17 @@ def test_a_wrong_option_is_one_line_before_anything_is_written(capsys, tmp_path,
     assert exit_info.value.code == 2 and err.strip().splitlines() == [err.strip()]
     assert err.startswith("python -m glimmer.train_nano: error: ") and words in err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("option", ["--conversations", "--drafter-conversations"])
+def test_a_corpus_left_without_conversations_is_one_line(capsys, tmp_path, option):
+    """The micro corpus's conversation 0 runs longer than the recipe keeps, so its first conversation alone leaves
+    none: --conversations 1 ended in numpy's `need at least one array to concatenate`, and --drafter-conversations 1
+    waited for the drafter's first batch forever (after training the target)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(tmp_path / "out"), "--recipe", "micro", "--device", "cpu", "--workers", "1", option, "1"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.strip().splitlines() == [err.strip()]
+    assert err == (f"python -m glimmer.train_nano: error: {option} 1: none of the first 1 conversations fits in "
+                   f"{MICRO.max_conversation_tokens} tokens (longer ones are left out); give a larger {option}\n")
+    assert not (tmp_path / "out" / "target_loss.csv").exists()  # refused before the target trains
