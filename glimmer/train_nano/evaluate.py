@@ -223,6 +223,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # a count below these was taken: --prompts -3 reported "-3 held-out conversations", --show-failures -1 all
+    # failures but the last (a slice)
+    for option, value, least in (("--prompts", args.prompts, 1), ("--show-failures", args.show_failures, 0)):
+        if value < least:
+            parser.exit(2, f"{parser.prog}: error: {option} {value}: give {'1' if least else '0'} or more\n")
     logging.basicConfig(level=logging.ERROR, stream=sys.stderr)
     from glimmer.default_model import default_model_dir
     from glimmer.engine.llm import LLM

@@ -127,3 +127,20 @@ def test_a_wrong_model_or_device_of_the_evaluation_is_one_line(capsys, argv, wor
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and err.strip().splitlines() == [err.strip()]
     assert err.startswith("python -m glimmer.train_nano.evaluate: error: ") and words in err
+
+
+@pytest.mark.parametrize(("argv", "words"), [(["--prompts", "-3"], "--prompts -3: give 1 or more"),
+                                             (["--prompts", "0"], "--prompts 0: give 1 or more"),
+                                             (["--show-failures", "-1"], "--show-failures -1: give 0 or more")])
+def test_a_count_of_the_evaluation_below_its_least_is_one_line_before_loading(monkeypatch, capsys, argv, words):
+    """--prompts -3 reported '-3 held-out conversations' over empty tallies, and --show-failures -1 printed every
+    failure but the last (a slice)."""
+    from glimmer.engine import llm as llm_module
+    from glimmer.train_nano import evaluate
+
+    monkeypatch.setattr(llm_module, "LLM", lambda *args, **kwargs: pytest.fail("loaded the model"))
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate.main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert err == f"python -m glimmer.train_nano.evaluate: error: {words}\n"
