@@ -73,6 +73,12 @@ def _argument_problem(args: argparse.Namespace) -> str | None:
     if count_problem is not None:
         return count_problem
     if args.target is not None:
+        # they size the target's training, which --target skips (its corpus is --drafter-conversations long)
+        unused = [option for option, value in (("--conversations", args.conversations),
+                                               ("--target-steps", args.target_steps)) if value is not None]
+        if unused:
+            return (f"--target trains only a drafter; leave out {' and '.join(unused)} (the target's training), or "
+                    "give --drafter-conversations and --drafter-steps")
         missing = [name for name in ("config.json", "tokenizer.json") if not (args.target / name).is_file()]
         if missing:
             return (f"--target {args.target} is not a trained target checkpoint (it has no {' or '.join(missing)}); "

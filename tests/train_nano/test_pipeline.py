@@ -71,6 +71,9 @@ def test_a_drafter_alone_for_a_trained_target(trained, tmp_path):
     (["--drafter-steps", "-5"], "--drafter-steps -5: give 0 or more"),
     (["--seed", "-1"], "--seed -1: give a seed from 0 to 2**64 - 1"),
     (["--seed", str(2**64)], f"--seed {2**64}: give a seed from 0 to 2**64 - 1"),
+    (["--target", "{tmp}", "--conversations", "5"], "--target trains only a drafter; leave out --conversations"),
+    (["--target", "{tmp}", "--conversations", "5", "--target-steps", "3"],
+     "leave out --conversations and --target-steps (the target's training)"),
     (["--drafter-conversations", "25"], "--drafter-conversations 25 is more than the corpus's 24 conversations"),
     (["--conversations", "10", "--drafter-conversations", "11"],
      "--drafter-conversations 11 is more than the corpus's 10 conversations"),
@@ -80,7 +83,8 @@ def test_a_wrong_option_is_one_line_before_anything_is_written(capsys, tmp_path,
     file or directory (os error 2)`; a mistyped --device in torch's RuntimeError traceback. A count or seed out of
     range was taken: --conversations 0 and --seed -1 ended in numpy tracebacks after the tokenizer was written,
     --drafter-conversations 0 waited for a batch forever, --workers 0 and --batch-tokens 0 ran as if sensible, and
-    a --drafter-conversations above the corpus's trained the drafter on fewer without a word."""
+    a --drafter-conversations above the corpus's trained the drafter on fewer without a word. With --target, the
+    target's --conversations and --target-steps were ignored without a word."""
     out = tmp_path / "out"
     with pytest.raises(SystemExit) as exit_info:
         main([str(out), "--recipe", "micro", "--workers", "1", *[flag.format(tmp=tmp_path) for flag in flags]])
