@@ -14,7 +14,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from glimmer.train_nano.pipeline import CorpusTooSmall, train_all
+from glimmer.train_nano.pipeline import DRAFTER_DIR, TARGET_DIR, CorpusTooSmall, train_all
 from glimmer.train_nano.recipe import RECIPES
 
 
@@ -72,6 +72,13 @@ def _argument_problem(args: argparse.Namespace) -> str | None:
     count_problem = _count_problem(args)
     if count_problem is not None:
         return count_problem
+    # the directories the run creates (mkdir's FileExistsError traceback where a file holds the name)
+    created = [args.out_dir, *(args.out_dir / name for name in (TARGET_DIR, DRAFTER_DIR)
+                               if name != TARGET_DIR or args.target is None)]
+    taken = next((path for path in created if path.exists() and not path.is_dir()), None)
+    if taken is not None:
+        return (f"OUT_DIR {args.out_dir}: {taken} is a file, where the run writes a directory; give another OUT_DIR "
+                "or move the file")
     if args.target is not None:
         # they size the target's training, which --target skips (its corpus is --drafter-conversations long)
         unused = [option for option, value in (("--conversations", args.conversations),

@@ -106,3 +106,20 @@ def test_a_corpus_left_without_conversations_is_one_line(capsys, tmp_path, optio
     assert err == (f"python -m glimmer.train_nano: error: {option} 1: none of the first 1 conversations fits in "
                    f"{MICRO.max_conversation_tokens} tokens (longer ones are left out); give a larger {option}\n")
     assert not (tmp_path / "out" / "target_loss.csv").exists()  # refused before the target trains
+
+
+@pytest.mark.parametrize("file", [".", TARGET_DIR, DRAFTER_DIR])
+def test_a_file_where_the_run_writes_a_directory_is_one_line(capsys, tmp_path, file):
+    """A file as OUT_DIR, or as its glimmer-nano or glimmer-nano-dflash, was mkdir's FileExistsError traceback."""
+    out = tmp_path / "out"
+    if file == ".":
+        out.write_text("x")
+    else:
+        out.mkdir()
+        (out / file).write_text("x")
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(out), "--recipe", "micro", "--device", "cpu", "--workers", "1"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert err == (f"python -m glimmer.train_nano: error: OUT_DIR {out}: {out / file if file != '.' else out} is a "
+                   "file, where the run writes a directory; give another OUT_DIR or move the file\n")
