@@ -85,14 +85,23 @@ def _request_url(url: str) -> str:
         userinfo, at, host_and_port = parts.netloc.rpartition("@")
         if not host_and_port.isascii():  # (an IPv6 address is ASCII: the host is all before the port's ':')
             host, colon, port = host_and_port.partition(":")
-            # IDNA 2008 with UTS 46's mapping, as browsers, requests and httpx spell it: Python's "idna" codec is
-            # IDNA 2003, which spells faß.example as fass.example, another host
-            host_and_port = idna.encode(host, uts46=True).decode("ascii") + colon + port
+            host_and_port = _ascii_host(host) + colon + port
         userinfo, path, query = (quote(text, _URL_CHARACTERS, errors="surrogateescape")
                                  for text in (userinfo, parts.path, parts.query))
         return urlunsplit((parts.scheme, userinfo + at + host_and_port, path, query, ""))
     except (UnicodeError, ValueError) as error:  # (ValueError: an unclosed IPv6 bracket)
         raise RemoteMediaError(f"not a URL HTTP can carry: {loggable_url(url)!r} ({error})") from None
+
+
+def _ascii_host(host: str) -> str:
+    """`host` in IDNA 2008 with UTS 46's mapping, as browsers, requests and httpx spell it (Python's "idna" codec is
+    IDNA 2003, which spells faß.example fass.example, another host); a host IDNA 2008 refuses (a symbol: i❤.ws, an
+    underscore) in IDNA 2003, as browsers and yarl (aiohttp's URLs) fall back to it. Raises UnicodeError for one
+    neither spells."""
+    try:
+        return idna.encode(host, uts46=True).decode("ascii")
+    except idna.IDNAError:
+        return host.encode("idna").decode("ascii")
 
 
 def _header_text(value: bytes) -> str:
@@ -366,19 +375,21 @@ def _fetch(url: str, backend: _GuardedBackend) -> bytes:
 
 def _read_body(response: httpcore.Response, backend: _GuardedBackend) -> bytes:
     """The body of `response`, decoded from its content coding (`_content_decoder`); `policy.max_bytes` bounds the
-    decoded bytes, of which no more than one past it is ever decoded: a gzip bomb's 64 MiB come from 64 KiB."""
+    bytes received and the decoded bytes, of which no more than one past it is ever decoded: a gzip bomb's 64 MiB
+    come from 64 KiB."""
     policy = backend.policy
     decoder = _content_decoder(response)
-    chunks, total = [], 0
+    chunks, total, received = [], 0, 0
     for chunk in response.iter_stream():
         if backend.cancel is not None:
             backend.cancel.check()
         if time.monotonic() > backend.deadline:  # the read timeout is per read; this bounds the whole download
             raise RemoteMediaError(f"the download took longer than {policy.timeout_s} s")
+        received += len(chunk)  # the compressed bytes too: empty gzip members decode to nothing, endlessly
         if decoder is not None:
             chunk = decoder.decode(chunk, policy.max_bytes - total + 1)
         total += len(chunk)
-        if total > policy.max_bytes:
+        if max(total, received) > policy.max_bytes:
             raise RemoteMediaError(f"the body is larger than {policy.max_bytes:,} bytes")
         chunks.append(chunk)
     if decoder is not None and not decoder.complete:
@@ -416,16 +427,17 @@ class _BodyDecoder:
             if not self._unsure:
                 self._seen = b""
             return decoded
-        decoded = b""
-        while data and len(decoded) < most:
+        pieces, length = [], 0  # (joined once: adding bytes to bytes per member copied them all, a member each)
+        while data and length < most:
             try:
-                decoded += self._zlib.decompress(data, most - len(decoded))
+                pieces.append(self._zlib.decompress(data, most - length))
             except zlib.error as error:
                 raise RemoteMediaError(f"the compressed body (Content-Encoding) does not decode: {error}") from None
+            length += len(pieces[-1])
             data = self._zlib.unused_data if self.gzip and self._zlib.eof else b""
             if data:  # the next gzip member
                 self._zlib = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-        return decoded
+        return b"".join(pieces)
 
     @property
     def complete(self) -> bool:
