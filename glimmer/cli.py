@@ -1604,8 +1604,8 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
                              'draft_policy adaptive|always, disable_by_batch_size)')
     parser.add_argument("--generation-config", type=_generation_config, default="auto", metavar="{auto,vllm}",
                         help="auto: the sampling fields a request leaves out take the checkpoint's "
-                             "generation_config.json values (max_new_tokens as a chat request's max_tokens); vllm: "
-                             "OpenAI's defaults, as vLLM's flag (default auto)")
+                             "generation_config.json values (max_new_tokens as a chat request's max_tokens, and as "
+                             "a completion's max_tokens null); vllm: OpenAI's defaults, as vLLM's flag (default auto)")
     parser.add_argument("--enforce-eager", action="store_true",
                         help="on CUDA, run every step eagerly instead of replaying captured decode graphs")
     parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,

@@ -89,20 +89,21 @@ def refuse_beam_search_options(request: CompletionRequest | ChatCompletionReques
 
 
 async def run_beam_search(context: ServingContext, run_id: str, prompts: list[list[int]], params: BeamSearchParams,
-                          generation: SamplingParams, multimodal: list[MultimodalItem] | None = None
+                          generations: list[SamplingParams], multimodal: list[MultimodalItem] | None = None
                           ) -> tuple[list[BeamSearchOutput], list[int]]:
-    """Search every prompt's beams (`generation`: the request's SamplingParams, for each prompt's budget and cache
-    salt; `multimodal`: the media of a single prompt); returns each prompt's best beams and its cached prompt tokens
-    (as its first step read them). The engine's statistics count the search as its prompts and their beam_width
+    """Search every prompt's beams (`generations`: each prompt's SamplingParams, for its budget and the request's
+    cache salt; `multimodal`: the media of a single prompt); returns each prompt's best beams and its cached prompt
+    tokens (as its first step read them). The engine's statistics count the search as its prompts and their beam_width
     completions each (`_SearchClock`), not as the one-token requests its steps run."""
     engine = context.engine.engine
     stop_ids = params.stop_ids(engine.generation_defaults.stop_token_ids)
-    searches = [BeamSearch(ids, params, stop_ids, engine.generation_budget(len(ids), generation)) for ids in prompts]
+    searches = [BeamSearch(ids, params, stop_ids, engine.generation_budget(len(ids), generation))
+                for ids, generation in zip(prompts, generations, strict=True)]
     # the queue limit counts this API request once, before any beam is queued: a search is refused whole or runs to
     # its end (beams queued beside a refused first one were added past the limit, to be aborted)
     context.engine.check_queue_limit()
     warn_if_beams_recompute(engine)  # after: a refused search warns of nothing
-    step_params = params.step_params(generation.cache_salt)
+    step_params = params.step_params(generations[0].cache_salt)
     cached = [0] * len(prompts)
     clocks = [_SearchClock() for _ in prompts]
     step = 0

@@ -334,7 +334,7 @@ async def start_beam_search_run(raw_request: Request, context: ServingContext, r
     prompt, params = run.prompt, run.params
     with _limit_named_as_sent(request):
         outputs, cached = await until_disconnect(raw_request, run_beam_search(
-            context, run.engine_id, [prompt.token_ids], beam, params, prompt.multimodal))
+            context, run.engine_id, [prompt.token_ids], beam, [params], prompt.multimodal))
     hidden = frozenset() if request.skip_special_tokens is False else context.hidden_special_tokens
     deltas = []
     for rank, sequence in enumerate(outputs[0].sequences):

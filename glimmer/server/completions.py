@@ -41,7 +41,7 @@ from glimmer.server.errors import describe_error
 from glimmer.server.logprobs import completion_logprobs, vllm_prompt_logprobs
 from glimmer.server.metrics import RequestTimer
 from glimmer.server.request_id import client_request_id, engine_request_id
-from glimmer.server.sampling import completion_sampling_params
+from glimmer.server.sampling import completion_sampling_params, with_default_max_tokens
 from glimmer.server.schemas import CompletionRequest, chunk_usage, parse_body
 from glimmer.server.settings import MAX_BATCH_PROMPTS
 from glimmer.server.streaming import DONE_EVENT, SSEResponse, in_worker_thread, sse_event, until_disconnect
@@ -254,19 +254,20 @@ async def create_completion(raw_request: Request, context: ServingContext) -> Re
             request.prompt, request.add_special_tokens, params, context, cancel))
     except RequestError as exc:
         raise exc.naming_prompt("prompt") from None
+    prompt_params = [with_default_max_tokens(params, context, len(ids)) for ids in prompts]
     run = _CompletionRun(context, request, model_name, prompts, params.n, [], RequestTimer(context.metrics, arrival))
     engine_id = run.id
     if client_id is not None:
         run.id = f"cmpl-{client_id}"
         engine_id = engine_request_id(run.id)
     if beam is not None:
-        return await _beam_search_response(raw_request, run, engine_id, beam, params)
+        return await _beam_search_response(raw_request, run, engine_id, beam, prompt_params)
     factory = await in_worker_thread(raw_request, lambda cancel: _controller_factory(request, context))
     run.choices = [_Choice() for _ in range(len(prompts) * params.n)]
     # the queue limit counts this API request once, however many prompts it holds, before any is queued: prompts
     # queued beside a refused first one ran for nobody, and the 429 waited for their first tokens
     context.engine.check_queue_limit()
-    updates = _merge([_naming_its_prompt(context.engine.generate(f"{engine_id}-{i}", ids, params,
+    updates = _merge([_naming_its_prompt(context.engine.generate(f"{engine_id}-{i}", ids, prompt_params[i],
                                                                  controller_factory=factory, queue_limit=False),
                                          f"prompt[{i}]" if _is_batch(request.prompt) else "prompt")
                       for i, ids in enumerate(prompts)], params.n)
@@ -284,12 +285,13 @@ async def create_completion(raw_request: Request, context: ServingContext) -> Re
 
 
 async def _beam_search_response(raw_request: Request, run: _CompletionRun, engine_id: str, beam: BeamSearchParams,
-                                params: SamplingParams) -> Response:
+                                prompt_params: list[SamplingParams]) -> Response:
     """The response of `use_beam_search`: prompt i's best beams as choices i * n + j, best first; streamed, each
-    choice comes whole in one chunk once the search has ended (as vLLM streams them)."""
+    choice comes whole in one chunk once the search has ended (as vLLM streams them). `prompt_params`: each
+    prompt's SamplingParams."""
     try:
         outputs, cached = await until_disconnect(raw_request, run_beam_search(run.context, engine_id, run.prompts,
-                                                                               beam, params))
+                                                                               beam, prompt_params))
     except RequestError as error:
         raise error.naming_prompt("prompt") from None
     choices = []

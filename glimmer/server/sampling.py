@@ -1,14 +1,16 @@
 """OpenAI sampling fields → `SamplingParams` (which validates values and names the field at fault).
 
 Fields a request leaves out take the checkpoint's `generation_config.json` value where it has one
-(temperature, top_p, top_k, min_p, repetition_penalty; max_new_tokens as a chat request's max_tokens) unless the
-engine's generation_config (AsyncEngine's, --generation-config) is "vllm", else the OpenAI default (completions
-keep OpenAI's max_tokens default, 16).
+(temperature, top_p, top_k, min_p, repetition_penalty; max_new_tokens as a chat request's max_tokens, and a
+completion's with `max_tokens: null`) unless the engine's generation_config (AsyncEngine's, --generation-config) is
+"vllm", else the OpenAI default (completions keep OpenAI's max_tokens default, 16).
 Chat `stop` strings are not given to the engine: the server matches them against the answer text only (P-REQ-2, see
 `choice_stream`).
 """
 
 from __future__ import annotations
+
+import copy
 
 from glimmer.engine.sampling_params import (
     CHAT_ALLOWED_TOKEN_IDS_REFUSAL,
@@ -73,6 +75,15 @@ def apply_default_max_tokens(params: SamplingParams, context: ServingContext, pr
     room = context.engine.engine.max_model_len - prompt_len
     if params.max_tokens is None and default is not None and 1 <= room and params.min_tokens <= room:
         params.max_tokens = min(max(default, params.min_tokens), room)  # a request's min_tokens outranks a default
+
+
+def with_default_max_tokens(params: SamplingParams, context: ServingContext, prompt_len: int) -> SamplingParams:
+    """`params` for one prompt of a completions request: with `max_tokens: null` a copy whose max_tokens is the
+    checkpoint's default for that prompt's length, as `apply_default_max_tokens` sets chat's (vLLM's get_max_tokens
+    takes a null max_tokens as the generation config's, for each prompt); else `params` itself."""
+    limited = copy.copy(params)  # only max_tokens differs between a batch's prompts
+    apply_default_max_tokens(limited, context, prompt_len)
+    return params if limited.max_tokens == params.max_tokens else limited
 
 
 def completion_sampling_params(request: CompletionRequest, context: ServingContext) -> SamplingParams:

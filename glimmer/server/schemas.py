@@ -88,7 +88,7 @@ def drop_nulls(model: type[BaseModel], data: Any) -> Any:
     """A field sent as null that cannot hold None is a field not sent, as the OpenAI reference types its optional
     fields ("… or null") and SDKs send None that way: `n: null` means the default n, not a 400. A field that
     can hold None keeps it, which may differ from its default (completions `max_tokens: null` is "up to the
-    context", its default 16)."""
+    context" or the checkpoint's max_new_tokens, its default 16)."""
     if not isinstance(data, dict):
         return data
     fields = model.model_fields

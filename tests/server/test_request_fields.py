@@ -541,6 +541,29 @@ def test_chat_defaults_come_from_generation_config_and_a_default_max_tokens_stop
         assert "max_model_len=230" in beyond.json()["error"]["message"]  # not a max_tokens the request never sent
 
 
+def test_a_completions_max_tokens_null_stops_at_the_checkpoints_max_new_tokens_for_each_prompt(make_tiny, tmp_path):
+    """vLLM's get_max_tokens takes a completion's `max_tokens: null` as the generation config's max_new_tokens
+    (clamped where each prompt's context ends), as Glimmer's chat takes a max_tokens left out: it ran every prompt to
+    the end of the context. Left out, max_tokens stays OpenAI's 16."""
+    model = _with_sampling_defaults(make_tiny(), tmp_path)
+    with live_server(model, engine_options={"max_model_len": 230}) as live:
+        seen = _recording_params(live)
+
+        def complete(prompt=(PROMPT, PROMPT * 19), **fields):
+            body = {"model": "tiny", "prompt": list(prompt), "ignore_eos": True, **fields}
+            reply = httpx.post(live.base_url + "/completions", json=body, timeout=120)
+            assert reply.status_code == 200, reply.text
+            return reply.json()["usage"]["completion_tokens"]
+
+        room = 230 - len(PROMPT) * 19
+        assert room < 60
+        assert complete(max_tokens=None) == 60 + room
+        assert [params.max_tokens for params in seen] == [60, room]
+        assert complete([PROMPT], max_tokens=None, min_tokens=70) == 70  # a request's min_tokens outranks the default
+        assert complete() == 2 * 16
+        assert complete(max_tokens=None, use_beam_search=True) == 60 + room
+
+
 def test_a_server_of_generation_config_vllm_takes_no_default_from_the_checkpoint(make_tiny, tmp_path):
     """vLLM's `--generation-config vllm`: fields a request leaves out take OpenAI's defaults, and a chat request
     without max_tokens runs to the end of the context, whatever generation_config.json says (the flag was an
