@@ -335,6 +335,14 @@ class LLMEngine:
         self.max_model_len = self._resolve_max_model_len()  # before the weights load: a wrong one is refused at once
         # the tokenizer before the weights too: a drafter config without its mask token takes the target's token's id
         self.tokenizer = load_checkpoint_tokenizer(self.checkpoint, self.checkpoint.config)
+        # generation_config.json too: a field refused was refused once the weights had loaded (minutes for the 30B);
+        # the stop, bos and pad ids and the vocabulary it is checked against are config.json's, which loading keeps
+        embedded = self.checkpoint.tokenizer
+        self.generation_defaults: GenerationDefaults = load_generation_defaults(
+            self.checkpoint_dir, self.checkpoint.config.text, self.tokenizer.token_to_id,
+            embedded=embedded.generation_config if embedded is not None else None,
+            tokenizer_eos_id=self.tokenizer.eos_token_id, id_to_token=self.tokenizer.id_to_token,
+        )
         self.drafter: LoadedDrafter | None = None
         self.num_speculative_tokens = 0
         spec_config = None
@@ -349,17 +357,11 @@ class LLMEngine:
                                               seed=config.seed)
         prepare_for_cpu(self.loaded.model, self.device, self.dtype, config.max_num_seqs or CPU_MAX_NUM_SEQS)
         self.model_config = self.loaded.config
-        embedded = self.checkpoint.tokenizer
         self._eos_token_id = self.tokenizer.eos_token_id  # once: the property asks the tokenizer's backend each time
         text = self.model_config.text
         # the ids that are tokens: logit rows past the tokenizer's (a vocabulary padded to a multiple) are never
         # sampled, and no request may name them
         self.token_count = min(self.tokenizer.vocab_size, text.vocab_size)
-        self.generation_defaults: GenerationDefaults = load_generation_defaults(
-            self.checkpoint_dir, text, self.tokenizer.token_to_id,
-            embedded=embedded.generation_config if embedded is not None else None,
-            tokenizer_eos_id=self.tokenizer.eos_token_id, id_to_token=self.tokenizer.id_to_token,
-        )
         on_cuda = self.device.type == "cuda"
         self.scheduler_config = SchedulerConfig(
             max_num_seqs=config.max_num_seqs or (CUDA_MAX_NUM_SEQS if on_cuda else CPU_MAX_NUM_SEQS),

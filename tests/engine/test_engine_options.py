@@ -3,7 +3,9 @@ naming the option before anything loads; sizes may be given as text like the CLI
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -149,6 +151,24 @@ def test_a_max_model_len_past_the_models_is_refused_before_the_weights_load(tiny
     monkeypatch.setattr(llm_engine, "load_model", load_model)
     with pytest.raises(ConfigError, match=r"max_model_len=4097 must be between 2 and the model's 4096"):
         LLM(str(tiny_checkpoint), progress=False, max_model_len=4097)
+
+
+def test_a_generation_config_field_refused_is_refused_before_the_weights_load(tiny_checkpoint, tmp_path, monkeypatch):
+    """generation_config.json was read once the weights had loaded (minutes for the 30B) and been prepared, so a
+    temperature written as a string was refused only then."""
+    import glimmer.engine.llm_engine as llm_engine
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_checkpoint, model)
+    generation = json.loads((model / "generation_config.json").read_text())
+    (model / "generation_config.json").write_text(json.dumps({**generation, "temperature": "0.7"}))
+
+    def load_model(*args, **kwargs):
+        raise AssertionError("the weights were loaded")
+
+    monkeypatch.setattr(llm_engine, "load_model", load_model)
+    with pytest.raises(ConfigError, match=r"generation_config\.json: temperature='0\.7' is invalid; expected a number"):
+        LLM(str(model), progress=False)
 
 
 def test_gpu_memory_utilization_on_the_cpu_says_it_does_nothing_there(tiny_checkpoint, caplog):
