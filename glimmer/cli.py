@@ -473,8 +473,8 @@ def _serve(args: argparse.Namespace, sigterm: SigtermWatch) -> int:
         with contextlib.suppress(KeyboardInterrupt):
             server.run(sockets=[listener])
     except _CannotListen as failure:
-        if args.uds is not None:  # listened on before the model loaded (_bind_unix): listening again cannot fail
-            raise failure.error from None
+        if args.uds is not None:  # (listened on before the model loaded, _bind_unix: listening again should not fail)
+            raise _cannot_listen(args.uds, failure.error, "--uds") from None
         # the port was bound before the model loaded, but another server loading then holds its own bound and not
         # yet listened on, which that bind (SO_REUSEADDR) does not refuse: the first of the two to be ready takes it
         raise _cannot_listen(f"{args.host}:{args.port}", failure.error, "--port or --host",

@@ -19,7 +19,7 @@ def is_broken_link(path: Path) -> bool:
 
 def broken_link_problem(path: Path) -> str:
     """`is a symbolic link to <target>, ...: <fix>`, to follow the link's name in an error."""
-    if _is_link_loop(path):  # its target is there, as a link leading back: "does not exist" would send to a download
+    if is_link_loop(path):  # its target is there, as a link leading back: "does not exist" would send to a download
         return (f"is a symbolic link to {os.readlink(path)}, which leads into a loop of symbolic links, with no "
                 "file at its end: point the link at the file it stands for, or download the checkpoint again "
                 "(`hf download REPO`)")
@@ -28,7 +28,8 @@ def broken_link_problem(path: Path) -> str:
             "the file the link points to")
 
 
-def _is_link_loop(path: Path) -> bool:
+def is_link_loop(path: Path) -> bool:
+    """Whether `path` is a symbolic link that leads, through links, back into itself (ELOOP)."""
     try:
         os.stat(path)
     except OSError as exc:

@@ -12,7 +12,6 @@ The mapping of native names onto canonical ones is a table in `weight_layouts.py
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -21,11 +20,12 @@ from typing import Any
 
 import torch
 
-from glimmer.checkpoint.broken_links import refuse_lfs_pointer, refuse_not_a_file
+from glimmer.checkpoint.broken_links import refuse_not_a_file
 from glimmer.checkpoint.config import DrafterConfig, TextConfig, too_many_layers
 from glimmer.checkpoint.config_common_fields import read_rope_parameters
 from glimmer.checkpoint.config_fields import Notes, Section, dtype_field_warnings
 from glimmer.checkpoint.gguf_file import is_gguf_path
+from glimmer.checkpoint.json_files import read_json_object
 from glimmer.checkpoint.mapped_tensors import MappedTensors
 from glimmer.checkpoint.pickle_files import DTYPE_NAMES, load_weights_only, torch_load_failure
 from glimmer.checkpoint.safetensors_files import SafetensorsCheckpoint, TensorInfo
@@ -271,14 +271,9 @@ def open_drafter_checkpoint(
         raise CheckpointError(f"drafter path {location} does not exist; speculative_config.model must be a local "
                               "drafter directory or a native head.pt file")
     config_path = directory / "config.json"
-    refuse_not_a_file(config_path, ConfigError)  # else "holds no DFlash drafter", or the released sizes assumed
-    raw: Any = {}
+    # a folder or broken link so named is refused, not passed over ("holds no DFlash drafter", or the released sizes)
+    raw = read_json_object(config_path, error=ConfigError) or {}
     if config_path.is_file():
-        refuse_lfs_pointer(config_path, ConfigError)  # else "cannot be read as JSON (Expecting value: line 1 ...)"
-        try:
-            raw = json.loads(config_path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:  # ValueError: JSONDecodeError too
-            raise ConfigError(f"{config_path}: cannot be read as JSON ({exc})") from None
         config = read_drafter_config(raw, source=str(config_path), mask_token_id=mask_token_id)
     elif native is not None:  # said by load_drafter (config_layout CONVERTER_CONSTANTS_LAYOUT), once
         config = released_drafter_config(mask_token_id())

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from glimmer.checkpoint.broken_links import is_broken_link
 from glimmer.checkpoint.compressed_tensors import (
     open_compressed_tensors,
     quantization_config_of,
@@ -147,7 +148,7 @@ def _refuse_gguf_directory(path: Path, lacking: str = "config.json") -> None:
 
 def _open_directory(path: Path, allow_pickle: bool) -> OpenedCheckpoint:
     config = load_config(path)
-    if any(path.glob("*.safetensors")):
+    if any(p.is_file() or is_broken_link(p) for p in path.glob("*.safetensors")):  # (a folder so named is no file)
         files: Any = SafetensorsCheckpoint(path)
         kind = SAFETENSORS
         config = dataclasses.replace(config, warnings=(*config.warnings, *files.warnings))  # files left out

@@ -37,6 +37,7 @@ from safetensors import safe_open
 from glimmer.checkpoint.broken_links import (
     broken_link_problem,
     is_broken_link,
+    is_link_loop,
     lfs_pointer_problem,
     refuse_broken_link,
     refuse_lfs_pointer,
@@ -280,8 +281,9 @@ class SafetensorsCheckpoint:
     def _leave_out_broken_links(self, links: list[Path], why_unread: str) -> None:
         """Broken links that would not be read anyway: a warning each, naming the missing target."""
         for link in links:
+            end = "leads into a loop of symbolic links" if is_link_loop(link) else "does not exist"
             self._warn(f"{self.directory}: ignoring {link.name}: {why_unread}, and it is a broken symbolic link (to "
-                       f"{os.readlink(link)}, which does not exist); remove it")
+                       f"{os.readlink(link)}, which {end}); remove it")
 
     def _check_numbered_shards(self, files: list[Path]) -> None:
         """Without an index, a numbered series must be whole: a shard left out would load as a smaller model (a

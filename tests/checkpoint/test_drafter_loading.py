@@ -190,7 +190,7 @@ def test_a_config_python_cannot_parse_is_a_config_error(target, tmp_path):
     JSONDecodeError: it was a traceback."""
     path = write_tiny_drafter(tmp_path / "d", target)
     (path / "config.json").write_text('{"hidden_size": ' + "9" * 5000 + "}")
-    with pytest.raises(ConfigError, match=r"config\.json: cannot be read as JSON \(Exceeds the limit"):
+    with pytest.raises(ConfigError, match=r"config\.json is not valid JSON: Exceeds the limit"):
         _load(path, target)
 
 

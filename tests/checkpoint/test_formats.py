@@ -52,6 +52,15 @@ def test_allowed_pickle_weights_load_like_the_safetensors(tiny_checkpoint, pickl
     assert open_checkpoint(pickle_checkpoint, allow_pickle=True).format == "pickle"
 
 
+def test_a_folder_named_like_safetensors_weights_does_not_hide_the_pickle_weights_beside_it(tiny_checkpoint,
+                                                                                             pickle_checkpoint):
+    """A `model.safetensors/` folder beside a real pytorch_model.bin took the safetensors path and was refused as
+    "no weights found"."""
+    (pickle_checkpoint / "model.safetensors").mkdir()
+    loaded = load_model(pickle_checkpoint, progress=False, allow_pickle=True)
+    assert torch.equal(logits(loaded.model), logits(load_model(tiny_checkpoint, progress=False).model))
+
+
 class _RunsCode:
     def __reduce__(self):
         return (print, ("pickle code ran",))

@@ -379,6 +379,13 @@ def test_a_broken_link_the_index_does_not_name_is_left_out_with_a_warning_saying
         assert torch.equal(_logits(checkpoint), _logits(make_tiny("canonical", seed=7)))
     assert (f"{checkpoint}: ignoring consolidated.safetensors: model.safetensors.index.json does not name it, and it "
             "is a broken symbolic link (to /nonexistent/blob, which does not exist); remove it") in caplog.text
+    (checkpoint / "consolidated.safetensors").unlink()
+    (checkpoint / "consolidated.safetensors").symlink_to("consolidated.safetensors")  # a loop: its target is there
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="glimmer.checkpoint.safetensors_files"):
+        _logits(checkpoint)
+    assert ("is a broken symbolic link (to consolidated.safetensors, which leads into a loop of symbolic links); "
+            "remove it") in caplog.text
 
 
 def test_a_safetensors_file_the_index_does_not_name_is_left_out_with_a_warning(make_tiny, tmp_path, caplog, capsys):
