@@ -131,12 +131,9 @@ def _built_chat_prompt(request: ChatCompletionRequest, context: ServingContext, 
         raise error.naming(prompt_text_parts(request.messages, rendering, tokenizer)) from None
     with naming_media_parts(request.messages):  # an item's error names its content part
         images, videos = load_media(request.messages, context, cancel)
-        multimodal: list[MultimodalItem] = []
-        if images or videos:
-            token_ids, multimodal = engine.prepare_prompt(rendered.text, images, videos, literals=rendered.literals,
-                                                          cancel=cancel, truncated=truncated)
-        else:
-            token_ids = tokenizer.encode(rendered.text, literals=rendered.literals)
+        # as LLM.chat's: a bos only the post-processor names (prompt_start_token) is added there too
+        token_ids, multimodal = engine.prepare_prompt(rendered.text, images, videos, literals=rendered.literals,
+                                                      cancel=cancel, truncated=truncated)
     _check_single_bos(token_ids, tokenizer.bos_token_id, tokenizer.bos_token)
     return ChatPrompt(token_ids, tools, turn_controller_factory(request, tools, context, structured, param),
                       multimodal, constrained_answer=structured is not None,

@@ -8,6 +8,7 @@ import io
 import json
 import logging
 import re
+import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
@@ -18,6 +19,7 @@ from chat_fuzz import cases as fuzz_cases
 from PIL import Image
 from transformers import AutoTokenizer
 
+from glimmer import LLM, SamplingParams
 from glimmer.cancellation import Cancelled, CancelToken
 from glimmer.engine.async_engine import AsyncEngine
 from glimmer.engine.chat_rendering import STRENGTH_KWARGS
@@ -627,3 +629,26 @@ def test_the_threads_fetching_remote_media_are_one_pool_for_the_process_whatever
     first, second = (ServingContext(*[None] * 6) for _ in range(2))
     assert first.media_fetches is second.media_fetches
     assert first.media_fetches._max_workers == REMOTE_MEDIA_THREADS
+
+
+def test_a_bos_named_in_special_tokens_map_json_alone_begins_a_chat_request_as_llm_chat(tiny_checkpoint, tmp_path):
+    """P-TMPL-5: beside `added_tokens_decoder` the map is unread (as transformers 5), so the template writes no bos and
+    the post-processor's is added; a server chat without media was tokenized without it, unlike LLM.chat's."""
+    checkpoint = shutil.copytree(tiny_checkpoint, tmp_path / "ckpt")
+    config_file = checkpoint / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    del config["bos_token"]
+    config_file.write_text(json.dumps(config))
+    assert "bos_token" in json.loads((checkpoint / "special_tokens_map.json").read_text())
+    mapped = AsyncEngine(EngineConfig(model=str(checkpoint), progress=False, kv_cache_memory=8 << 20))
+    try:
+        tokenizer = mapped.engine.tokenizer
+        bos_id = tokenizer.token_to_id("<|begin_of_text|>")
+        assert tokenizer.bos_token is None
+        ids = build_chat_prompt(request(chat_template_kwargs=DATE), context(mapped)).token_ids
+        assert ids[0] == bos_id and ids.count(bos_id) == 1
+        llm = LLM(str(checkpoint), device="cpu", progress=False, kv_cache_memory=1 << 20, max_model_len=1024)
+        assert ids == llm.chat([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=1),
+                               chat_template_kwargs=DATE)[0].prompt_token_ids
+    finally:
+        mapped.shutdown()
