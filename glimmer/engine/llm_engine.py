@@ -701,7 +701,7 @@ class LLMEngine:
         """
         self.check_prompt_chars(text, truncated=truncated)
         # the post-processor's bos where the files name none: a template that writes it as text gets no second one
-        bos = self.tokenizer.bos_token if self.tokenizer.bos_token is not None else self.tokenizer.prompt_start_token
+        bos = self.tokenizer.prompt_bos_token
         if literals is None:  # a caller's text: its BOS spelling is text where split_special_tokens makes it so
             starts_with_bos = bos is not None and text.startswith(bos) and not self.tokenizer.split_special_tokens
             return self.tokenizer.encode_input_text(text, add_special_tokens=not starts_with_bos)

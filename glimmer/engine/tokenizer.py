@@ -364,6 +364,18 @@ class Tokenizer:
         prefix = _post_processor_prefix(self._backend)
         return self._backend.id_to_token(prefix[0]) if prefix else None
 
+    @property
+    def prompt_bos_token(self) -> str | None:
+        """The bos a prompt begins with, which P-TMPL-5 keeps to one: the named `bos_token`, else the post-processor's
+        (`prompt_start_token`), which `LLMEngine.encode_prompt` adds to a rendered prompt without it."""
+        return self.bos_token if self.bos_token is not None else self.prompt_start_token
+
+    @property
+    def prompt_bos_token_id(self) -> int | None:
+        """The id of `prompt_bos_token`; None where a prompt begins with no bos."""
+        token = self.prompt_bos_token
+        return None if token is None else self._backend.token_to_id(token)
+
     @cached_property
     def _piece_ids(self) -> PieceIds | None:
         """The ids of the pieces between special tokens, kept across prompts; None for a backend that does not see

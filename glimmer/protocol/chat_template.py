@@ -175,7 +175,8 @@ class FramingTokenizer(Protocol):
 
     special_tokens: Mapping[str, str]
     bos_token: str | None
-    bos_token_id: int | None
+    prompt_bos_token: str | None  # the named bos, else the one encoding with special tokens begins a text with
+    prompt_bos_token_id: int | None
 
     def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
 
@@ -205,10 +206,13 @@ def check_chat_template(template: ChatTemplate, tokenizer: FramingTokenizer, *, 
             raise ConfigError(f"the chat template writes {marker!r}, which is no token of the tokenizer: every chat "
                               "prompt's markup would be tokenized as text; use the tokenizer.json published with the "
                               "model, or a template for this tokenizer")
-    bos_id = tokenizer.bos_token_id
-    ids = tokenizer.encode(prompt, add_special_tokens=False)
+    bos, bos_id = tokenizer.prompt_bos_token, tokenizer.prompt_bos_token_id
+    # a bos the files do not name (bos_token None) a template cannot write as {{ bos_token }}: the engine adds the
+    # post-processor's where the prompt does not begin with it (LLMEngine.encode_prompt)
+    added = tokenizer.bos_token is None and bos is not None and not prompt.startswith(bos)
+    ids = tokenizer.encode(prompt, add_special_tokens=added)
     if bos_id is not None and (ids.count(bos_id) != 1 or ids[0] != bos_id):
-        raise ConfigError(f"the chat template must start the prompt with exactly one {tokenizer.bos_token!r} "
+        raise ConfigError(f"the chat template must start the prompt with exactly one {bos!r} "
                           f"(P-TMPL-5); a probe prompt has {ids.count(bos_id)}")
 
 

@@ -134,7 +134,7 @@ def _built_chat_prompt(request: ChatCompletionRequest, context: ServingContext, 
         # as LLM.chat's: a bos only the post-processor names (prompt_start_token) is added there too
         token_ids, multimodal = engine.prepare_prompt(rendered.text, images, videos, literals=rendered.literals,
                                                       cancel=cancel, truncated=truncated)
-    _check_single_bos(token_ids, tokenizer.bos_token_id, tokenizer.bos_token)
+    _check_single_bos(token_ids, tokenizer.prompt_bos_token_id, tokenizer.prompt_bos_token)
     return ChatPrompt(token_ids, tools, turn_controller_factory(request, tools, context, structured, param),
                       multimodal, constrained_answer=structured is not None,
                       continue_recipient=final.recipient if final is not None else None,

@@ -114,7 +114,8 @@ class _StrictTokenizer:
     """The probe's needs of a tokenizer; like the engine's, it cannot encode a lone surrogate (TypeError)."""
 
     special_tokens = {"bos_token": "<|begin_of_text|>"}
-    bos_token, bos_token_id = "<|begin_of_text|>", 1
+    bos_token = prompt_bos_token = "<|begin_of_text|>"
+    prompt_bos_token_id = 1
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         text.encode("utf-8")  # UnicodeEncodeError on a lone surrogate

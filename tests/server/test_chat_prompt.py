@@ -631,24 +631,54 @@ def test_the_threads_fetching_remote_media_are_one_pool_for_the_process_whatever
     assert first.media_fetches._max_workers == REMOTE_MEDIA_THREADS
 
 
-def test_a_bos_named_in_special_tokens_map_json_alone_begins_a_chat_request_as_llm_chat(tiny_checkpoint, tmp_path):
-    """P-TMPL-5: beside `added_tokens_decoder` the map is unread (as transformers 5), so the template writes no bos and
-    the post-processor's is added; a server chat without media was tokenized without it, unlike LLM.chat's."""
-    checkpoint = shutil.copytree(tiny_checkpoint, tmp_path / "ckpt")
+
+@pytest.fixture(scope="module")
+def map_bos_checkpoint(tiny_checkpoint, tmp_path_factory):
+    """The bos named in special_tokens_map.json alone, beside `added_tokens_decoder`: unread there (as transformers
+    5), so `bos_token` is None and the template writes none; tokenizer.json's post-processor still begins a text
+    with it."""
+    checkpoint = shutil.copytree(tiny_checkpoint, tmp_path_factory.mktemp("map_bos") / "ckpt")
     config_file = checkpoint / "tokenizer_config.json"
     config = json.loads(config_file.read_text())
     del config["bos_token"]
     config_file.write_text(json.dumps(config))
     assert "bos_token" in json.loads((checkpoint / "special_tokens_map.json").read_text())
-    mapped = AsyncEngine(EngineConfig(model=str(checkpoint), progress=False, kv_cache_memory=8 << 20))
-    try:
-        tokenizer = mapped.engine.tokenizer
-        bos_id = tokenizer.token_to_id("<|begin_of_text|>")
-        assert tokenizer.bos_token is None
-        ids = build_chat_prompt(request(chat_template_kwargs=DATE), context(mapped)).token_ids
-        assert ids[0] == bos_id and ids.count(bos_id) == 1
-        llm = LLM(str(checkpoint), device="cpu", progress=False, kv_cache_memory=1 << 20, max_model_len=1024)
-        assert ids == llm.chat([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=1),
-                               chat_template_kwargs=DATE)[0].prompt_token_ids
-    finally:
-        mapped.shutdown()
+    return checkpoint
+
+
+@pytest.fixture(scope="module")
+def map_bos_engine(map_bos_checkpoint):
+    engine = AsyncEngine(EngineConfig(model=str(map_bos_checkpoint), progress=False, kv_cache_memory=8 << 20))
+    assert engine.engine.tokenizer.bos_token is None
+    yield engine
+    engine.shutdown()
+
+
+def test_a_bos_named_in_special_tokens_map_json_alone_begins_a_chat_request_as_llm_chat(map_bos_checkpoint,
+                                                                                        map_bos_engine):
+    """P-TMPL-5: the template writes no bos there and the post-processor's is added; a server chat without media was
+    tokenized without it, unlike LLM.chat's."""
+    bos_id = map_bos_engine.engine.tokenizer.token_to_id("<|begin_of_text|>")
+    ids = build_chat_prompt(request(chat_template_kwargs=DATE), context(map_bos_engine)).token_ids
+    assert ids[0] == bos_id and ids.count(bos_id) == 1
+    llm = LLM(str(map_bos_checkpoint), device="cpu", progress=False, kv_cache_memory=1 << 20, max_model_len=1024)
+    assert ids == llm.chat([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=1),
+                           chat_template_kwargs=DATE)[0].prompt_token_ids
+
+
+def test_a_second_bos_is_refused_where_only_the_post_processor_names_it(map_bos_engine):
+    """P-TMPL-5's checks (the template's probe, and a prompt's count) keyed on `bos_token_id`, None there, so a
+    template or a message writing the post-processor's bos gave a prompt of two."""
+    doubled = SIMPLE_TEMPLATE.replace("{{ bos_token }}", "<|begin_of_text|><|begin_of_text|>")
+    assert doubled != SIMPLE_TEMPLATE
+    with pytest.raises(RequestError, match=re.escape("(P-TMPL-5); a probe prompt has 2")) as caught:
+        build_chat_prompt(request(chat_template=doubled), trusting(map_bos_engine))
+    assert caught.value.param == "chat_template"
+    ctx = context(map_bos_engine, allow_control_tokens_in_content=True)
+    with pytest.raises(RequestError, match=re.escape("holds 2 '<|begin_of_text|>' tokens")) as caught:
+        build_chat_prompt(request(messages=[{"role": "user", "content": "<|begin_of_text|>hi"}],
+                                  chat_template_kwargs=DATE), ctx)
+    assert caught.value.param == "messages"
+    written = SIMPLE_TEMPLATE.replace("{{ bos_token }}", "<|begin_of_text|>")
+    ids = build_chat_prompt(request(chat_template=written), trusting(map_bos_engine)).token_ids
+    assert ids.count(map_bos_engine.engine.tokenizer.token_to_id("<|begin_of_text|>")) == 1
