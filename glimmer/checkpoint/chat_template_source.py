@@ -165,7 +165,7 @@ def _from_checkpoint(directory: Path) -> ChatTemplateSource:
 def _tokenizer_template(directory: Path, named: dict[str, ChatTemplateSource]) -> ChatTemplateSource | None:
     """The tokenizer's default template as transformers' tokenizer loads it (None where it has none):
     `chat_template.jinja` and the `additional_chat_templates/*.jinja` read into `named` in place of
-    tokenizer_config.json's field."""
+    tokenizer_config.json's field. Its `named` is empty for `chat_template.jinja` alone, one template."""
     jinja_file = directory / CHAT_TEMPLATE_FILE
     config_file = directory / TOKENIZER_CONFIG_FILE
     for file in (jinja_file, config_file):  # not taken as absent: another template would render every prompt
@@ -179,6 +179,8 @@ def _tokenizer_template(directory: Path, named: dict[str, ChatTemplateSource]) -
                 "transformers' tokenizer takes the second and its processor the first; remove one, or pass the one "
                 f"to use with {OVERRIDE_OPTION}"
             )
+        if not named:  # one template: transformers' tokenizer holds a string, and a name is a template's source
+            return default
         named = {**named, "default": default}
     elif named and "default" not in named:
         raise CheckpointError(

@@ -77,9 +77,26 @@ def test_the_tokenizers_named_templates_are_kept_beside_a_processor_template(tmp
     assert "processor_config.json" in source.origin and source.named == {"rag": "documents", "default": JINJA}
 
 
-def test_a_tokenizer_with_one_template_names_none(tmp_path):
-    write_config(tmp_path, chat_template=JINJA)
+@pytest.mark.parametrize("layout", ["tokenizer_config", "chat_template_jinja"])
+def test_a_tokenizer_with_one_template_names_none(tmp_path, layout):
+    """transformers' tokenizer then holds one template, a string, so chat_template="default" is a template's source
+    there, not a name; chat_template.jinja alone was named `default`, and so rendered with."""
+    if layout == "tokenizer_config":
+        write_config(tmp_path, chat_template=JINJA)
+    else:
+        write_config(tmp_path)
+        (tmp_path / "chat_template.jinja").write_text(JINJA, encoding="utf-8")
     assert find_chat_template(tmp_path).named == {}
+
+
+def test_a_checkpoint_with_chat_template_jinja_alone_names_no_template_as_transformers(tiny_checkpoint):
+    from transformers import AutoTokenizer
+
+    assert (tiny_checkpoint / "chat_template.jinja").is_file()
+    assert not (tiny_checkpoint / "additional_chat_templates").exists()
+    reference = AutoTokenizer.from_pretrained(str(tiny_checkpoint))
+    assert isinstance(reference.chat_template, str) and reference.get_chat_template("default") == "default"
+    assert find_chat_template(tiny_checkpoint).named == {}
 
 
 def _tool_use_in_tokenizer_config(directory: Path, tool_use: str) -> None:

@@ -49,6 +49,13 @@ def test_a_chat_template_naming_one_of_the_checkpoints_templates_renders_with_it
     assert chat.output.prompt == text
 
 
+def test_default_is_a_templates_source_where_the_checkpoint_has_one_template(tok, hf):
+    """The tiny checkpoint's chat_template.jinja alone: transformers' tokenizer holds a string, so "default" renders
+    as the text it is; it was named `default`, and rendered the checkpoint's template."""
+    assert tok.apply_chat_template([USER], chat_template="default", tokenize=False) == "default" == \
+        hf.apply_chat_template([USER], chat_template="default", tokenize=False)
+
+
 def assert_as_transformers(tok, hf, conversation, **kwargs):
     """Text, the default result (a dict) and token ids equal transformers' for the same call; returns the text."""
     text = tok.apply_chat_template(conversation, tokenize=False, **kwargs, **KWARGS)
