@@ -237,14 +237,14 @@ class Tokenizer:
         map_file = directory / SPECIAL_TOKENS_MAP_FILE
         legacy_map = ({} if "added_tokens_decoder" in config
                       else read_json_object(map_file, error=CheckpointError) or {})
-        named_tokens = _read_named_tokens(config, config_file, legacy_map, map_file)
-        for name, token in named_tokens.items():
+        named_in = _read_named_tokens(config, config_file, legacy_map, map_file)
+        named_tokens = {name: token for name, (token, _) in named_in.items()}
+        for name, (token, origin) in named_in.items():
             if backend.token_to_id(token) is None:
-                raise CheckpointError(
-                    f"{name}={token!r} (from {TOKENIZER_CONFIG_FILE} or {SPECIAL_TOKENS_MAP_FILE} in "
-                    f"{directory}) is not a token of {tokenizer_file}; the files do not belong together"
-                )
-        _check_bos_agrees(backend, named_tokens, f"{TOKENIZER_CONFIG_FILE} in {directory}", tokenizer_file)
+                raise CheckpointError(f"{name}={token!r} (from {origin}) is not a token of {tokenizer_file}; the "
+                                      "files do not belong together")
+        bos_origin = named_in["bos_token"][1] if "bos_token" in named_in else config_file
+        _check_bos_agrees(backend, named_tokens, str(bos_origin), tokenizer_file)
         _check_framing_markers(backend, tokenizer_file)
         extra = _read_extra_special_tokens(config, config_file, legacy_map, map_file)
         for token in extra.listed:
@@ -627,15 +627,16 @@ class _ByteLevelInverse:
 
 
 def _read_named_tokens(config: Mapping[str, object], path: Path, legacy_map: Mapping[str, object],
-                       map_path: Path) -> dict[str, str]:
-    """The named special tokens' strings (`NAMED_TOKEN_NAMES`: bos, eos, unk, sep, pad, cls, mask) as transformers 5
-    reads them: tokenizer_config.json's (`config`, read from `path`), each name `legacy_map` sets (null included)
-    taken from it instead. `legacy_map` is special_tokens_map.json (`map_path`) of a config without
-    `added_tokens_decoder`, {} beside one: transformers 5 (and so vLLM) reads the map only for such older configs, so
-    a name the map alone sets is None there, and a chat template's `bos_token` renders nothing."""
+                       map_path: Path) -> dict[str, tuple[str, Path]]:
+    """The named special tokens' strings (`NAMED_TOKEN_NAMES`: bos, eos, unk, sep, pad, cls, mask), each with the file
+    it came from, as transformers 5 reads them: tokenizer_config.json's (`config`, read from `path`), each name
+    `legacy_map` sets (null included) taken from it instead. `legacy_map` is special_tokens_map.json (`map_path`) of
+    a config without `added_tokens_decoder`, {} beside one: transformers 5 (and so vLLM) reads the map only for such
+    older configs, so a name the map alone sets is None there, and a chat template's `bos_token` renders nothing."""
     fields = {name: (config.get(name), path) for name in NAMED_TOKEN_NAMES}
     fields |= {name: (legacy_map[name], map_path) for name in NAMED_TOKEN_NAMES if name in legacy_map}
-    return {name: _token_content(value, origin, name) for name, (value, origin) in fields.items() if value is not None}
+    return {name: (_token_content(value, origin, name), origin) for name, (value, origin) in fields.items()
+            if value is not None}
 
 
 def _check_added_tokens_decoder(config: Mapping[str, object], path: Path, backend: HFTokenizer,

@@ -305,6 +305,20 @@ def test_special_tokens_map_fills_names_an_older_config_lacks(tiny_dir, tmp_path
     assert tok.eos_token == "<|end_of_text|>"
 
 
+def test_a_bos_an_older_configs_map_sets_is_blamed_on_the_map_where_the_post_processor_disagrees(tiny_dir, tmp_path):
+    """The map's names win over an older config's, so the bos checked against the post-processor is the map's: the
+    error said it came from tokenizer_config.json."""
+    ckpt = copy_tokenizer(tiny_dir, tmp_path / "ckpt")
+    config_file = ckpt / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    del config["added_tokens_decoder"]
+    config_file.write_text(json.dumps(config))
+    map_file = ckpt / "special_tokens_map.json"
+    map_file.write_text(json.dumps({**json.loads(map_file.read_text()), "bos_token": "<|end_of_text|>"}))
+    with pytest.raises(CheckpointError, match=re.escape(f"bos_token='<|end_of_text|>' (from {map_file}) is id")):
+        Tokenizer.from_dir(ckpt)
+
+
 def test_special_tokens_map_is_unread_beside_added_tokens_decoder(tiny_dir, tmp_path):
     """As transformers 5, which names no bos or pad where the map alone names them beside `added_tokens_decoder`."""
     ckpt = copy_tokenizer(tiny_dir, tmp_path / "ckpt")

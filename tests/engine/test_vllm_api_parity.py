@@ -369,6 +369,12 @@ def test_a_bos_the_files_do_not_name_is_still_written_once(tiny_checkpoint, tmp_
                        chat_template_kwargs={"current_date": "2026-01-01"})[0].output.prompt_token_ids
         assert ids[0] == bos_id and ids.count(bos_id) == 1
     assert llm.generate(bos + "hello", params)[0].prompt_token_ids.count(bos_id) == 1
+    # as the README says: apply_chat_template's ids begin with it as chat's do, where transformers' have none
+    chat = [{"role": "user", "content": "hi"}]
+    reference = AutoTokenizer.from_pretrained(str(checkpoint))
+    assert llm.get_tokenizer().apply_chat_template(chat, return_dict=False, current_date="2026-01-01") == \
+        [bos_id, *reference.apply_chat_template(chat, return_dict=False, add_generation_prompt=True,
+                                                current_date="2026-01-01")]
 
 
 def test_a_chat_template_sees_every_named_token_the_config_sets_as_transformers_passes_them(tiny_checkpoint, tmp_path):
