@@ -463,11 +463,8 @@ class LLM:
                            truncated: SequenceABC[bool] | None = None) -> list[_Prepared]:
         """Each prompt's text, token ids and media. `truncated[i]`: prompt i's truncate_prompt_tokens keeps only its
         last tokens, so that a text of any length is tokenized (`LLMEngine.check_prompt_chars`)."""
-        listed = _listed_prompts(prompts)
-        single = _is_single_prompt(prompts)
         out: list[_Prepared] = []
-        for i, prompt in enumerate(listed):
-            name = "prompt" if single else f"prompts[{i}]"
+        for i, (prompt, name) in enumerate(zip(_listed_prompts(prompts), _prompt_names(prompts), strict=True)):
             cut = bool(truncated and truncated[i])
             with _naming_the_prompt(name):
                 if isinstance(prompt, str):
@@ -511,10 +508,10 @@ class LLM:
             _check_sampling_params(params_list)
         normalized = self._normalize_prompts(prompts, [params.truncate_prompt_tokens is not None
                                                        for params in params_list])
-        single = _is_single_prompt(prompts)
-        params_list = [_salted(params, prompt, "prompt" if single else f"prompts[{i}]") for i, (params, prompt) in
-                       enumerate(zip(params_list, [prompts] if single else prompts, strict=True))]
-        return self._run(normalized, params_list, use_tqdm, prompt_field="prompt" if single else "prompts")
+        names = _prompt_names(prompts)
+        params_list = [_salted(params, prompt, name) for params, prompt, name in
+                       zip(params_list, _listed_prompts(prompts), names, strict=True)]
+        return self._run(normalized, params_list, use_tqdm, names)
 
     @method_takes_vllm_arguments(VLLM_ONLY_BEAM_SEARCH_ARGUMENTS)
     def beam_search(
@@ -538,12 +535,11 @@ class LLM:
                                f"{type(params).__name__}", param="params")
         params.validate()
         normalized = self._normalize_prompts(prompts)
-        single = _is_single_prompt(prompts)
+        names = _prompt_names(prompts)
         stop_ids = params.stop_ids(self.engine.generation_defaults.stop_token_ids)
         step_params = params.step_params()
         searches, salted = [], []
-        for i, ((_, ids, _), prompt) in enumerate(zip(normalized, [prompts] if single else prompts, strict=True)):
-            name = "prompt" if single else f"prompts[{i}]"
+        for (_, ids, _), prompt, name in zip(normalized, _listed_prompts(prompts), names, strict=True):
             with _naming_the_prompt(name):
                 budget = self.engine.generation_budget(len(ids), SamplingParams(max_tokens=params.max_tokens),
                                                        clamp_max_tokens=True)
@@ -556,8 +552,9 @@ class LLM:
                 stepping = [(search, number, search.live_beams()) for number, search in enumerate(searches)
                             if not search.done]
                 beams = [(None, beam, normalized[number][2]) for _, number, live in stepping for beam in live]
+                # each beam's errors name its search's prompt, not the beam's place among the live ones
                 outputs = iter(self._run(beams, [salted[number] for _, number, live in stepping for _ in live],
-                                         use_tqdm=False, prompt_field="prompt" if single else "prompts",
+                                         False, [names[number] for _, number, live in stepping for _ in live],
                                          generated=[search.steps for search, _, live in stepping for _ in live]))
                 for search, _, live in stepping:
                     search.advance([next(outputs).outputs[0].logprobs[0] for _ in live])
@@ -567,13 +564,12 @@ class LLM:
         return [search.results(self.engine.tokenizer, self.engine.tokenizer.eos_token_id) for search in searches]
 
     def _run(self, prompts: list[_Prepared], params_list: list[SamplingParams],
-             use_tqdm: bool | Callable[..., Any] | None,
-             controller_factories: list[ControllerFactory | None] | None = None,
-             prompt_field: str = "messages", generated: list[int] | None = None,
+             use_tqdm: bool | Callable[..., Any] | None, names: list[str],
+             controller_factories: list[ControllerFactory | None] | None = None, generated: list[int] | None = None,
              hidden: list[frozenset[int]] | None = None) -> list[RequestOutput]:
         """Generate every prompt. As vLLM's offline LLM, a max_tokens past max_model_len ends the output there
         (finish_reason "length"); only a prompt with no room for one token is refused. Errors about a prompt
-        name it as `prompt_field[i]` (as `prompt_field` alone for one "prompt" or one conversation). `generated` and
+        name it as the caller does, `names[i]` ("prompt", "prompts[1]", "messages", ...). `generated` and
         `hidden`, per prompt: LLMEngine.add_request's `generated` and `hidden_token_ids`. Calls from
         several threads run one after another; a call made inside another on the same thread (from a `use_tqdm`
         callable) is refused, as it would wait for itself."""
@@ -583,14 +579,13 @@ class LLM:
         with self._run_lock:
             self._running_thread = threading.get_ident()
             try:
-                return self._run_alone(prompts, params_list, use_tqdm, controller_factories, prompt_field,
-                                       generated, hidden)
+                return self._run_alone(prompts, params_list, use_tqdm, names, controller_factories, generated, hidden)
             finally:
                 self._running_thread = None
 
     def _run_alone(self, prompts: list[_Prepared], params_list: list[SamplingParams],
-                   use_tqdm: bool | Callable[..., Any] | None,
-                   controller_factories: list[ControllerFactory | None] | None, prompt_field: str,
+                   use_tqdm: bool | Callable[..., Any] | None, names: list[str],
+                   controller_factories: list[ControllerFactory | None] | None,
                    generated: list[int] | None = None,
                    hidden: list[frozenset[int]] | None = None) -> list[RequestOutput]:
         """`_run`, with no other call of this LLM stepping its engine."""
@@ -599,15 +594,14 @@ class LLM:
         factories = controller_factories or [None] * len(prompts)
         bar = self._progress_bar(use_tqdm, len(prompts))
         try:  # a request refused (or an interrupt) after others were queued aborts those too
-            for i, ((text, ids, items), params, factory) in enumerate(
-                    zip(prompts, params_list, factories, strict=True)):
+            for i, ((text, ids, items), params, factory, name) in enumerate(
+                    zip(prompts, params_list, factories, names, strict=True)):
                 request_id = f"llm-{next(self._ids)}"
                 arrival_time = time.time()
                 # listed before it is queued: an interrupt (Ctrl-C) that lands once the engine holds the request,
                 # before this call knows it, still aborts it (aborting an id never queued does nothing)
                 order.append(request_id)
-                with _naming_the_prompt(prompt_field if prompt_field == "prompt" or len(prompts) == 1 and
-                                        prompt_field == "messages" else f"{prompt_field}[{i}]"):
+                with _naming_the_prompt(name):
                     ids, items = self.engine.truncate_prompt(ids, items, params)
                     self.engine.add_request(request_id, ids, params, items, factory, clamp_max_tokens=True,
                                             generated=generated[i] if generated else 0,
@@ -803,7 +797,8 @@ class LLM:
         # the special tokens a reply hides are left out of its text by the engine (before their bytes are decoded)
         hidden = [frozenset() if turn.skip_special_tokens is False else self.engine.tokenizer.hidden_in_replies
                   for turn in chat_turns]
-        outputs = self._run(prepared, [turn.params for turn in chat_turns], use_tqdm,
+        names = ["messages"] if len(prepared) == 1 else [f"messages[{i}]" for i in range(len(prepared))]
+        outputs = self._run(prepared, [turn.params for turn in chat_turns], use_tqdm, names,
                             [turn.controller_factory for turn in chat_turns], hidden=hidden)
         chats = []
         for number, (output, turn, final) in enumerate(zip(outputs, chat_turns, continued, strict=True)):
@@ -892,6 +887,14 @@ def _is_single_prompt(prompts: object) -> bool:
     """Whether `generate` was given one prompt (a string, a prompt dict or one list of token ids), not a list."""
     return isinstance(prompts, str | dict) or (
         isinstance(prompts, list | tuple) and bool(prompts) and all(map(is_token_id, prompts)))
+
+
+def _prompt_names(prompts: PromptType | SequenceABC[PromptType]) -> list[str]:
+    """What generate's and beam_search's errors call each prompt, as the caller passed them: "prompt" for one,
+    "prompts[i]" for one of a list."""
+    if _is_single_prompt(prompts):
+        return ["prompt"]
+    return [f"prompts[{i}]" for i in range(len(_listed_prompts(prompts)))]
 
 
 @contextlib.contextmanager

@@ -285,3 +285,20 @@ def test_a_beam_that_generated_a_placeholder_id_goes_on_as_greedy_decoding_does(
     assert beam.tokens == prompt + greedy.token_ids
     with pytest.raises(RequestError, match="image placeholder"):
         llm.beam_search([prompt + greedy.token_ids[:1]], BeamSearchParams(beam_width=1, max_tokens=2))
+
+
+def test_a_beams_refusal_names_its_prompt_not_the_beams_place(llm, monkeypatch):
+    """Each step runs the live beams of every search as one flat list: an error of the second prompt's beam at the
+    second step (the first prompt's two beams before it) was named prompts[2] or prompts[3], for two prompts."""
+    first, second = _prompts()[0], _prompts()[1]
+    add_request = llm.engine.add_request
+
+    def refusing(request_id, ids, *args, **kwargs):
+        if ids[:len(second)] == second and len(ids) > len(second):  # a beam of the second prompt, past its start
+            raise RequestError("the prompt is refused for the test; shorten the prompt", param="prompt")
+        return add_request(request_id, ids, *args, **kwargs)
+
+    monkeypatch.setattr(llm.engine, "add_request", refusing)
+    with pytest.raises(RequestError, match=r"^prompts\[1\]: the prompt is refused") as caught:
+        llm.beam_search([first, second], BeamSearchParams(beam_width=2, max_tokens=3, ignore_eos=True))
+    assert caught.value.param == "prompts[1]"
