@@ -235,6 +235,7 @@ class Tokenizer:
         _apply_added_token_flags(config, config_file, backend, tokenizer_file)
         # transformers 5 reads special_tokens_map.json only for a config without `added_tokens_decoder` (older files)
         map_file = directory / SPECIAL_TOKENS_MAP_FILE
+        refuse_broken_link(map_file)  # unread or not, a file of the snapshot missing: a download cut short
         legacy_map = ({} if "added_tokens_decoder" in config
                       else read_json_object(map_file, error=CheckpointError) or {})
         named_in = _read_named_tokens(config, config_file, legacy_map, map_file)
