@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from glimmer.cancellation import CancelToken
-from glimmer.checkpoint.chat_template_source import find_checkpoint_chat_template
+from glimmer.checkpoint.chat_template_source import ChatTemplateSource, find_checkpoint_chat_template
 from glimmer.checkpoint.drafter import RELEASED_MASK_TOKEN, open_drafter_checkpoint
 from glimmer.checkpoint.formats import open_checkpoint
 from glimmer.checkpoint.generation_config import (
@@ -393,7 +393,7 @@ class LLMEngine:
                                "--kv-cache-memory", still / 2**30)
         self.scheduler = Scheduler(self.scheduler_config, self.kv, self.speculator)
         self._chat_template: ChatTemplate | None = None
-        self._named_chat_templates: Mapping[str, str] = {}
+        self._chat_template_source: ChatTemplateSource | None = None
         self._grammars: GrammarCompiler | None = None
         self._grammars_lock = threading.Lock()
         self._grammar_masks: GrammarMasks | None = None
@@ -641,21 +641,29 @@ class LLMEngine:
         where there is none or it does not compile, ConfigError or ChatTemplateError where it breaks the protocol
         with this tokenizer (`check_chat_template`, what the server's start and `glimmer inspect` check)."""
         if self._chat_template is None:
-            source = find_checkpoint_chat_template(  # logs origin and sha256
-                self.checkpoint_dir, self.config.chat_template, self.checkpoint.tokenizer)
             # unbounded by max_prompt_chars, as before the engine probed it: a context too short for any chat (a
             # tiny --max-model-len) is the chat's refusal, naming the flag, not the template's
-            self._chat_template = source.probed(self.tokenizer)
-            self._named_chat_templates = source.named
+            self._chat_template = self._template_source().probed(self.tokenizer)
         return self._chat_template
+
+    def _template_source(self) -> ChatTemplateSource:
+        """Where the chat template is (the operator's or the checkpoint's), found once: CheckpointError where there
+        is none."""
+        if self._chat_template_source is None:
+            self._chat_template_source = find_checkpoint_chat_template(  # logs origin and sha256
+                self.checkpoint_dir, self.config.chat_template, self.checkpoint.tokenizer)
+        return self._chat_template_source
 
     @property
     def named_chat_templates(self) -> Mapping[str, str]:
-        """The checkpoint tokenizer's templates by name, found with `chat_template` (ChatTemplateSource.named): a
-        caller's `chat_template` argument that is one of the names renders with that template, as in transformers."""
-        if self._chat_template is None:
-            _ = self.chat_template
-        return self._named_chat_templates
+        """The checkpoint tokenizer's templates by name (ChatTemplateSource.named): a caller's `chat_template`
+        argument that is one of the names renders with that template, as in transformers. Found without compiling
+        or probing the default template, which a caller's own template does not need: none where the checkpoint has
+        no template."""
+        try:
+            return self._template_source().named
+        except CheckpointError:
+            return {}
 
     @property
     def grammars(self) -> GrammarCompiler:

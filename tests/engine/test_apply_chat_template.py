@@ -49,6 +49,20 @@ def test_a_chat_template_naming_one_of_the_checkpoints_templates_renders_with_it
     assert chat.output.prompt == text
 
 
+def test_a_callers_own_template_needs_no_template_of_the_checkpoint(tiny_checkpoint, tmp_path):
+    """Looking up the checkpoint's named templates found, compiled and probed its own template first, so a caller's
+    template on a checkpoint without one was refused as "no chat template found"."""
+    import shutil
+
+    checkpoint = tmp_path / "no-template"
+    shutil.copytree(tiny_checkpoint, checkpoint)
+    (checkpoint / "chat_template.jinja").unlink()
+    llm = LLM(str(checkpoint), device="cpu", progress=False, kv_cache_memory=16 << 20, max_model_len=1024)
+    template = "{{ bos_token }}hi<|start|>assistant"
+    assert llm.get_tokenizer().apply_chat_template([USER], chat_template=template, tokenize=False) == \
+        "<|begin_of_text|>hi<|start|>assistant"
+
+
 def test_default_is_a_templates_source_where_the_checkpoint_has_one_template(tok, hf):
     """The tiny checkpoint's chat_template.jinja alone: transformers' tokenizer holds a string, so "default" renders
     as the text it is; it was named `default`, and rendered the checkpoint's template."""
