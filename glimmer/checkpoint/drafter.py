@@ -272,8 +272,9 @@ def open_drafter_checkpoint(
                               "drafter directory or a native head.pt file")
     config_path = directory / "config.json"
     # a folder or broken link so named is refused, not passed over ("holds no DFlash drafter", or the released sizes)
-    raw = read_json_object(config_path, error=ConfigError) or {}
-    if config_path.is_file():
+    read = read_json_object(config_path, error=ConfigError)
+    raw = read or {}
+    if read is not None:
         config = read_drafter_config(raw, source=str(config_path), mask_token_id=mask_token_id)
     elif native is not None:  # said by load_drafter (config_layout CONVERTER_CONSTANTS_LAYOUT), once
         config = released_drafter_config(mask_token_id())

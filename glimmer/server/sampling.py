@@ -81,9 +81,11 @@ def with_default_max_tokens(params: SamplingParams, context: ServingContext, pro
     """`params` for one prompt of a completions request: with `max_tokens: null` a copy whose max_tokens is the
     checkpoint's default for that prompt's length, as `apply_default_max_tokens` sets chat's (vLLM's get_max_tokens
     takes a null max_tokens as the generation config's, for each prompt); else `params` itself."""
+    if params.max_tokens is not None:
+        return params
     limited = copy.copy(params)  # only max_tokens differs between a batch's prompts
     apply_default_max_tokens(limited, context, prompt_len)
-    return params if limited.max_tokens == params.max_tokens else limited
+    return limited
 
 
 def completion_sampling_params(request: CompletionRequest, context: ServingContext) -> SamplingParams:
