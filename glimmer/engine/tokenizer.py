@@ -145,7 +145,7 @@ def _check_bos_agrees(backend: HFTokenizer, named_tokens: Mapping[str, str], nam
     `bos_token` that chat templates write: text and chat prompts would start differently (the same conversation
     sent as text or as messages would give other outputs), and a rendered prompt could hold two BOS tokens."""
     bos = named_tokens.get("bos_token")
-    prefix = _post_processor_prefix(backend)
+    prefix, _ = _post_processor_frame(backend)
     if bos is None or not prefix or prefix[0] == backend.token_to_id(bos):
         return
     raise CheckpointError(f"bos_token={bos!r} (from {named_in}) is id {backend.token_to_id(bos)}, but the "
@@ -154,12 +154,13 @@ def _check_bos_agrees(backend: HFTokenizer, named_tokens: Mapping[str, str], nam
                           "together")
 
 
-def _post_processor_prefix(backend: HFTokenizer) -> list[int]:
-    """The ids the post-processor puts before a text (`add_special_tokens=True`): [] where it only appends, as an
-    EOS, or adds nothing."""
+def _post_processor_frame(backend: HFTokenizer) -> tuple[list[int], list[int]]:
+    """The ids the post-processor puts before and after a text (`add_special_tokens=True`; a bos in front, for
+    Muse): ([], []) where it adds nothing."""
     plain = backend.encode("a", add_special_tokens=False).ids
     framed = backend.encode("a", add_special_tokens=True).ids
-    return next((framed[:i] for i in range(len(framed) - len(plain) + 1) if framed[i:i + len(plain)] == plain), [])
+    return next(((framed[:i], framed[i + len(plain):]) for i in range(len(framed) - len(plain) + 1)
+                 if framed[i:i + len(plain)] == plain), ([], []))
 
 
 def _check_framing_markers(backend: HFTokenizer, origin: Path) -> None:
@@ -334,11 +335,8 @@ class Tokenizer:
                 pieces.append(special_id)
         if not add_special_tokens:
             return pieces
-        # what the post-processor adds around a text's ids (a bos in front, for Muse)
-        bare = self._backend.encode("a", add_special_tokens=False).ids
-        framed = self._backend.encode("a", add_special_tokens=True).ids
-        cut = next(i for i in range(len(framed)) if framed[i:i + len(bare)] == bare)
-        return framed[:cut] + pieces + framed[cut + len(bare):]
+        before, after = self._post_processor_frame
+        return before + pieces + after
 
     def _split_at_special_tokens(self, text: str) -> Iterator[tuple[str, int | None]]:
         """(the text before a special token, that token's id) in order, then (the rest, None): `text` split at its
@@ -362,8 +360,13 @@ class Tokenizer:
         None where it adds none before the text. It is the named `bos_token` where both are set (checked at load);
         a checkpoint may set it alone (a bos named only in special_tokens_map.json, which transformers 5 leaves
         unread beside `added_tokens_decoder`)."""
-        prefix = _post_processor_prefix(self._backend)
+        prefix, _ = self._post_processor_frame
         return self._backend.id_to_token(prefix[0]) if prefix else None
+
+    @cached_property
+    def _post_processor_frame(self) -> tuple[list[int], list[int]]:
+        """What the post-processor adds before and after a text's ids, found once (`_post_processor_frame`)."""
+        return _post_processor_frame(self._backend)
 
     @property
     def prompt_bos_token(self) -> str | None:
