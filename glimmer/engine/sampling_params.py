@@ -41,6 +41,14 @@ LOGIT_BIAS_RANGE = (-100.0, 100.0)
 """What OpenAI accepts as a token's bias; -100 bans a token, +100 all but forces it."""
 MAX_LOGIT_BIAS_ENTRIES = 4096
 LOGIT_BIAS_SIZE_RULE = f"must be a dict of token id → bias with at most {MAX_LOGIT_BIAS_ENTRIES} entries"
+
+
+def logit_bias_fits(bias: object) -> bool:
+    """Whether `bias` is a dict of at most MAX_LOGIT_BIAS_ENTRIES entries (LOGIT_BIAS_SIZE_RULE), told before any
+    entry is read: a request of a million biases (a 4 MB body) had each converted before its refusal."""
+    return isinstance(bias, dict) and len(bias) <= MAX_LOGIT_BIAS_ENTRIES
+
+
 CHAT_ALLOWED_TOKEN_IDS_REFUSAL = (
     "allowed_token_ids: not taken by chat, whose reply is written in the protocol's framing tokens (headers, "
     "channels, the end of the turn), which it would ban; use it with LLM.generate or /v1/completions on a prompt you "
@@ -302,7 +310,7 @@ class SamplingParams:
         for name in _OPTIONAL_IN_FROM_OPTIONAL:
             if name in arguments and arguments[name] is None:
                 del arguments[name]
-        if isinstance(arguments.get("logit_bias"), dict) and len(arguments["logit_bias"]) <= MAX_LOGIT_BIAS_ENTRIES:
+        if logit_bias_fits(arguments.get("logit_bias")):
             arguments["logit_bias"] = _vllm_logit_bias(arguments["logit_bias"])  # (a larger one is refused as it is)
         return cls(**arguments)
 
@@ -332,8 +340,7 @@ class SamplingParams:
             _check(0 < count <= MAX_ALLOWED_TOKEN_IDS, "allowed_token_ids",
                    f"must be a non-empty list of at most {MAX_ALLOWED_TOKEN_IDS} token ids (None: every token)")
         if self.logit_bias is not None:
-            _check(isinstance(self.logit_bias, dict) and len(self.logit_bias) <= MAX_LOGIT_BIAS_ENTRIES, "logit_bias",
-                   LOGIT_BIAS_SIZE_RULE)
+            _check(logit_bias_fits(self.logit_bias), "logit_bias", LOGIT_BIAS_SIZE_RULE)
         for name in _NUMBER_FIELDS:
             setattr(self, name, plain_number(getattr(self, name)))
         for name in ("stop_token_ids", "allowed_token_ids"):

@@ -15,9 +15,9 @@ import copy
 from glimmer.engine.sampling_params import (
     CHAT_ALLOWED_TOKEN_IDS_REFUSAL,
     LOGIT_BIAS_SIZE_RULE,
-    MAX_LOGIT_BIAS_ENTRIES,
     MAX_LOGPROBS,
     SamplingParams,
+    logit_bias_fits,
 )
 from glimmer.errors import RequestError
 from glimmer.server.context import ServingContext
@@ -138,7 +138,7 @@ def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
     """OpenAI's `logit_bias` (token ids as JSON object keys) keyed by int; SamplingParams checks the values."""
     if not bias:
         return None
-    if len(bias) > MAX_LOGIT_BIAS_ENTRIES:  # before any key is read, as SamplingParams refuses it
+    if not logit_bias_fits(bias):  # before any key is read, as SamplingParams refuses it
         raise RequestError(f"logit_bias: {LOGIT_BIAS_SIZE_RULE}", param="logit_bias")
     ids = {}
     keys: dict[int, str] = {}
