@@ -459,12 +459,13 @@ class LLM:
             return load_media_reference(item, kind, index, self.media_policy)
         return file_url_path(item, kind, index) if scheme == "file" else item
 
-    def _normalize_prompts(self, prompts: PromptType | SequenceABC[PromptType],
+    def _normalize_prompts(self, listed: SequenceABC[PromptType], names: list[str],
                            truncated: SequenceABC[bool] | None = None) -> list[_Prepared]:
-        """Each prompt's text, token ids and media. `truncated[i]`: prompt i's truncate_prompt_tokens keeps only its
-        last tokens, so that a text of any length is tokenized (`LLMEngine.check_prompt_chars`)."""
+        """Each prompt's text, token ids and media (`listed` and `names` from `_listed_prompts`). `truncated[i]`:
+        prompt i's truncate_prompt_tokens keeps only its last tokens, so that a text of any length is tokenized
+        (`LLMEngine.check_prompt_chars`)."""
         out: list[_Prepared] = []
-        for i, (prompt, name) in enumerate(zip(_listed_prompts(prompts), _prompt_names(prompts), strict=True)):
+        for i, (prompt, name) in enumerate(zip(listed, names, strict=True)):
             cut = bool(truncated and truncated[i])
             with _naming_the_prompt(name):
                 if isinstance(prompt, str):
@@ -492,7 +493,8 @@ class LLM:
         callable makes the bar (`functools.partial(tqdm, leave=False)`: called with `total` and `desc`). None (the
         default) shows it unless the LLM was made with `progress=False`: vLLM's default, True, unless told quiet."""
         check_not_forked("LLM.generate")
-        count = len(_listed_prompts(prompts))
+        listed, names = _listed_prompts(prompts)
+        count = len(listed)
         if sampling_params is None:
             params_list = [self.get_default_sampling_params()] * count
         elif isinstance(sampling_params, SamplingParams):
@@ -506,11 +508,10 @@ class LLM:
                 raise RequestError(f"sampling_params: {len(params_list)} for {count} prompts; give one, or "
                                    "one per prompt", param="sampling_params")
             _check_sampling_params(params_list)
-        normalized = self._normalize_prompts(prompts, [params.truncate_prompt_tokens is not None
-                                                       for params in params_list])
-        names = _prompt_names(prompts)
+        normalized = self._normalize_prompts(listed, names, [params.truncate_prompt_tokens is not None
+                                                             for params in params_list])
         params_list = [_salted(params, prompt, name) for params, prompt, name in
-                       zip(params_list, _listed_prompts(prompts), names, strict=True)]
+                       zip(params_list, listed, names, strict=True)]
         return self._run(normalized, params_list, use_tqdm, names)
 
     @method_takes_vllm_arguments(VLLM_ONLY_BEAM_SEARCH_ARGUMENTS)
@@ -534,12 +535,12 @@ class LLM:
             raise RequestError(f"params must be a BeamSearchParams(beam_width=..., max_tokens=...), not "
                                f"{type(params).__name__}", param="params")
         params.validate()
-        normalized = self._normalize_prompts(prompts)
-        names = _prompt_names(prompts)
+        listed, names = _listed_prompts(prompts)
+        normalized = self._normalize_prompts(listed, names)
         stop_ids = params.stop_ids(self.engine.generation_defaults.stop_token_ids)
         step_params = params.step_params()
         searches, salted = [], []
-        for (_, ids, _), prompt, name in zip(normalized, _listed_prompts(prompts), names, strict=True):
+        for (_, ids, _), prompt, name in zip(normalized, listed, names, strict=True):
             with _naming_the_prompt(name):
                 budget = self.engine.generation_budget(len(ids), SamplingParams(max_tokens=params.max_tokens),
                                                        clamp_max_tokens=True)
@@ -873,28 +874,22 @@ class LLM:
                          params.skip_special_tokens)
 
 
-def _listed_prompts(prompts: PromptType | SequenceABC[PromptType]) -> SequenceABC[PromptType]:
-    """`generate`'s prompts as a list (one prompt: a list of it); RequestError where they are neither."""
+def _listed_prompts(prompts: PromptType | SequenceABC[PromptType]) -> tuple[SequenceABC[PromptType], list[str]]:
+    """`generate`'s and `beam_search`'s prompts as a list (one prompt: a list of it), and what their errors call
+    each, as the caller passed them ("prompt" for one, "prompts[i]" for one of a list); RequestError where they are
+    neither."""
     if _is_single_prompt(prompts):
-        return [prompts]  # type: ignore[list-item]
+        return [prompts], ["prompt"]  # type: ignore[list-item]
     if not isinstance(prompts, SequenceABC) or isinstance(prompts, str):
         raise RequestError("prompts must be a string, a list of token ids, a prompt dict, or a list of them",
                            param="prompts")
-    return prompts
+    return prompts, [f"prompts[{i}]" for i in range(len(prompts))]
 
 
 def _is_single_prompt(prompts: object) -> bool:
     """Whether `generate` was given one prompt (a string, a prompt dict or one list of token ids), not a list."""
     return isinstance(prompts, str | dict) or (
         isinstance(prompts, list | tuple) and bool(prompts) and all(map(is_token_id, prompts)))
-
-
-def _prompt_names(prompts: PromptType | SequenceABC[PromptType]) -> list[str]:
-    """What generate's and beam_search's errors call each prompt, as the caller passed them: "prompt" for one,
-    "prompts[i]" for one of a list."""
-    if _is_single_prompt(prompts):
-        return ["prompt"]
-    return [f"prompts[{i}]" for i in range(len(_listed_prompts(prompts)))]
 
 
 @contextlib.contextmanager
