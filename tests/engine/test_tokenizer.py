@@ -280,13 +280,20 @@ def test_a_bad_additional_special_tokens_is_named_as_the_file_names_it(tiny_dir,
         Tokenizer.from_dir(ckpt)
 
 
-def test_an_added_tokens_decoder_key_that_is_no_token_id_is_refused(tiny_dir, tmp_path):
-    """It was passed over, where transformers fails to read the file (int() of the key)."""
+def _with_tokenizer_config(tiny_dir, tmp_path, edit):
+    """A copy of the tiny tokenizer whose tokenizer_config.json `edit` (a function of the dict) changed."""
     ckpt = copy_tokenizer(tiny_dir, tmp_path / "ckpt")
     config_file = ckpt / "tokenizer_config.json"
     config = json.loads(config_file.read_text())
-    config["added_tokens_decoder"]["eot"] = {"content": "<|eot|>", "special": True}
+    edit(config)
     config_file.write_text(json.dumps(config))
+    return ckpt
+
+
+def test_an_added_tokens_decoder_key_that_is_no_token_id_is_refused(tiny_dir, tmp_path):
+    """It was passed over, where transformers fails to read the file (int() of the key)."""
+    ckpt = _with_tokenizer_config(tiny_dir, tmp_path, lambda config: config["added_tokens_decoder"].update(
+        eot={"content": "<|eot|>", "special": True}))
     with pytest.raises(CheckpointError, match=re.escape("tokenizer_config.json: added_tokens_decoder['eot']: the key "
                                                         "is not a token id")):
         Tokenizer.from_dir(ckpt)
@@ -294,11 +301,8 @@ def test_an_added_tokens_decoder_key_that_is_no_token_id_is_refused(tiny_dir, tm
 
 def test_special_tokens_map_fills_names_an_older_config_lacks(tiny_dir, tmp_path):
     """An older tokenizer_config.json, without `added_tokens_decoder`: transformers 5 reads the map's names."""
-    ckpt = copy_tokenizer(tiny_dir, tmp_path / "ckpt")
-    config_file = ckpt / "tokenizer_config.json"
-    config = json.loads(config_file.read_text())
-    del config["bos_token"], config["pad_token"], config["added_tokens_decoder"]
-    config_file.write_text(json.dumps(config))
+    ckpt = _with_tokenizer_config(tiny_dir, tmp_path, lambda config: [
+        config.pop(name) for name in ("bos_token", "pad_token", "added_tokens_decoder")])
     tok = Tokenizer.from_dir(ckpt)
     assert tok.bos_token == "<|begin_of_text|>"  # from special_tokens_map.json
     assert tok.pad_token == "<|finetune_right_pad|>"
@@ -308,11 +312,7 @@ def test_special_tokens_map_fills_names_an_older_config_lacks(tiny_dir, tmp_path
 def test_a_bos_an_older_configs_map_sets_is_blamed_on_the_map_where_the_post_processor_disagrees(tiny_dir, tmp_path):
     """The map's names win over an older config's, so the bos checked against the post-processor is the map's: the
     error said it came from tokenizer_config.json."""
-    ckpt = copy_tokenizer(tiny_dir, tmp_path / "ckpt")
-    config_file = ckpt / "tokenizer_config.json"
-    config = json.loads(config_file.read_text())
-    del config["added_tokens_decoder"]
-    config_file.write_text(json.dumps(config))
+    ckpt = _with_tokenizer_config(tiny_dir, tmp_path, lambda config: config.pop("added_tokens_decoder"))
     map_file = ckpt / "special_tokens_map.json"
     map_file.write_text(json.dumps({**json.loads(map_file.read_text()), "bos_token": "<|end_of_text|>"}))
     with pytest.raises(CheckpointError, match=re.escape(f"bos_token='<|end_of_text|>' (from {map_file}) is id")):
@@ -321,11 +321,8 @@ def test_a_bos_an_older_configs_map_sets_is_blamed_on_the_map_where_the_post_pro
 
 def test_special_tokens_map_is_unread_beside_added_tokens_decoder(tiny_dir, tmp_path):
     """As transformers 5, which names no bos or pad where the map alone names them beside `added_tokens_decoder`."""
-    ckpt = copy_tokenizer(tiny_dir, tmp_path / "ckpt")
-    config_file = ckpt / "tokenizer_config.json"
-    config = json.loads(config_file.read_text())
-    del config["bos_token"], config["pad_token"]
-    config_file.write_text(json.dumps(config))
+    ckpt = _with_tokenizer_config(tiny_dir, tmp_path, lambda config: [config.pop(name)
+                                                                      for name in ("bos_token", "pad_token")])
     tok = Tokenizer.from_dir(ckpt)
     assert tok.bos_token is None and tok.pad_token is None
     assert tok.eos_token == "<|end_of_text|>"
