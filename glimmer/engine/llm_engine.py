@@ -393,7 +393,7 @@ class LLMEngine:
                                "--kv-cache-memory", still / 2**30)
         self.scheduler = Scheduler(self.scheduler_config, self.kv, self.speculator)
         self._chat_template: ChatTemplate | None = None
-        self._chat_template_source: ChatTemplateSource | None = None
+        self._chat_template_source: ChatTemplateSource | CheckpointError | None = None  # found, or why not
         self._grammars: GrammarCompiler | None = None
         self._grammars_lock = threading.Lock()
         self._grammar_masks: GrammarMasks | None = None
@@ -648,10 +648,16 @@ class LLMEngine:
 
     def _template_source(self) -> ChatTemplateSource:
         """Where the chat template is (the operator's or the checkpoint's), found once: CheckpointError where there
-        is none."""
+        is none, kept too, so that a caller's own template (`named_chat_templates`) does not search the files again
+        on every request."""
         if self._chat_template_source is None:
-            self._chat_template_source = find_checkpoint_chat_template(  # logs origin and sha256
-                self.checkpoint_dir, self.config.chat_template, self.checkpoint.tokenizer)
+            try:
+                self._chat_template_source = find_checkpoint_chat_template(  # logs origin and sha256
+                    self.checkpoint_dir, self.config.chat_template, self.checkpoint.tokenizer)
+            except CheckpointError as error:
+                self._chat_template_source = error
+        if isinstance(self._chat_template_source, CheckpointError):
+            raise self._chat_template_source
         return self._chat_template_source
 
     @property
