@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hmac
 
 from fastapi import Request
@@ -18,7 +19,7 @@ _OWS = " \t"
 def check_api_key(request: Request, api_key: str | tuple[str, ...] | None) -> None:
     """Raises APIError 401 unless the request carries the server's key, or one of its keys (or the server has none),
     in one Authorization header."""
-    keys = api_keys(api_key)
+    keys = _key_bytes(api_keys(api_key))
     if not keys:
         return
     sent = request.headers.getlist("authorization")
@@ -34,12 +35,18 @@ def check_api_key(request: Request, api_key: str | tuple[str, ...] | None) -> No
         raise APIError(401, "the Authorization header is not `Bearer KEY` (the key alone, another scheme or "
                             "`Bearer` without a key); send the key as `Authorization: Bearer KEY`",
                        code="invalid_api_key")
-    # a key read from a secret file or variable may end in a newline, which no header can carry (and the token is
-    # stripped): compared as it was, no client could ever be let in
     # a header arrives as Latin-1: a key outside ASCII sent as UTF-8 (curl) is its bytes as they came, one sent as
     # Latin-1 (a browser's fetch, `requests`) the text they spell
     sent_forms = (token.encode("latin-1"), token.encode())
     # every key is compared in both forms, so the time taken tells nothing of which one came close
-    matches = [hmac.compare_digest(sent, key.strip().encode()) for key in keys for sent in sent_forms]
+    matches = [hmac.compare_digest(sent, key) for key in keys for sent in sent_forms]
     if not any(matches):
         raise APIError(401, "incorrect API key", code="invalid_api_key")
+
+
+@functools.lru_cache(maxsize=8)
+def _key_bytes(keys: tuple[str, ...]) -> tuple[bytes, ...]:
+    """The server's keys as a request's token is compared with them, made once rather than on every request: stripped,
+    as a key read from a secret file or variable may end in a newline, which no header can carry (and the token is
+    stripped: compared as it was, no client could ever be let in), and in UTF-8."""
+    return tuple(key.strip().encode() for key in keys)
