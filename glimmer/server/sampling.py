@@ -66,9 +66,10 @@ def chat_sampling_params(request: ChatCompletionRequest, context: ServingContext
 
 
 def apply_default_max_tokens(params: SamplingParams, context: ServingContext, prompt_len: int) -> None:
-    """A chat request without max_tokens stops at the checkpoint's `max_new_tokens` where it sets one, or where the
-    context ends if that comes first (a default never turns a request into a 400: the request did not ask for it).
-    Without the field it runs to the end of the context. A `min_tokens` the context cannot hold is left to the
+    """A request without max_tokens (chat's left out, or a completions prompt's null: `with_default_max_tokens`)
+    stops at the checkpoint's `max_new_tokens` where it sets one, or where the context ends if that comes first (a
+    default never turns a request into a 400: the request did not ask for it). Without the default it runs to the
+    end of the context. A `min_tokens` the context cannot hold is left to the
     engine, which refuses it naming min_tokens (capping the default below it would blame a max_tokens never sent)."""
     checkpoint = context.engine.generation_config == "auto"
     default = context.engine.engine.generation_defaults.max_new_tokens if checkpoint else None
