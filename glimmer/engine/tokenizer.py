@@ -140,14 +140,15 @@ def check_tokenizer_fits(tokenizer: Tokenizer, config: ModelConfig) -> None:
                               f"the tokenizer do not belong together; {fix}")
 
 
-def _check_bos_agrees(backend: HFTokenizer, named_tokens: Mapping[str, str], named_in: str, origin: Path) -> None:
+def _check_bos_agrees(backend: HFTokenizer, named_bos: tuple[str, Path] | None, origin: Path) -> None:
     """CheckpointError when the tokenizer's post-processor begins a text prompt with another token than the named
-    `bos_token` that chat templates write: text and chat prompts would start differently (the same conversation
-    sent as text or as messages would give other outputs), and a rendered prompt could hold two BOS tokens."""
-    bos = named_tokens.get("bos_token")
+    `bos_token` (`named_bos`: it and the file naming it) that chat templates write: text and chat prompts would start
+    differently (the same conversation sent as text or as messages would give other outputs), and a rendered prompt
+    could hold two BOS tokens."""
     prefix, _ = _post_processor_frame(backend)
-    if bos is None or not prefix or prefix[0] == backend.token_to_id(bos):
+    if named_bos is None or not prefix or prefix[0] == backend.token_to_id(named_bos[0]):
         return
+    bos, named_in = named_bos
     raise CheckpointError(f"bos_token={bos!r} (from {named_in}) is id {backend.token_to_id(bos)}, but the "
                           f"post-processor of {origin} begins a prompt with {backend.id_to_token(prefix[0])!r} (id "
                           f"{prefix[0]}): text and chat prompts would start differently; the files do not belong "
@@ -245,8 +246,7 @@ class Tokenizer:
             if backend.token_to_id(token) is None:
                 raise CheckpointError(f"{name}={token!r} (from {origin}) is not a token of {tokenizer_file}; the "
                                       "files do not belong together")
-        bos_origin = named_in["bos_token"][1] if "bos_token" in named_in else config_file
-        _check_bos_agrees(backend, named_tokens, str(bos_origin), tokenizer_file)
+        _check_bos_agrees(backend, named_in.get("bos_token"), tokenizer_file)
         _check_framing_markers(backend, tokenizer_file)
         extra = _read_extra_special_tokens(config, config_file, legacy_map, map_file)
         for token in extra.listed:
@@ -277,7 +277,8 @@ class Tokenizer:
         for name, token in named_tokens.items():
             if backend.token_to_id(token) is None:
                 raise CheckpointError(f"{name}={token!r} is not a token of the tokenizer in {origin}")
-        _check_bos_agrees(backend, named_tokens, str(origin), origin)
+        bos = named_tokens.get("bos_token")
+        _check_bos_agrees(backend, None if bos is None else (bos, origin), origin)
         _check_framing_markers(backend, origin)
         tokenizer = cls(backend, named_tokens, origin)
         logger.info("built tokenizer from %s: %d tokens, bos=%r eos=%r", origin, tokenizer.vocab_size,
