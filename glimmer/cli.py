@@ -660,6 +660,15 @@ class _BatchOutput:
             raise UsageError(f"--output-file {self.target}: {error.strerror or error}") from None
 
 
+def _utf8_stdout() -> TextIO:
+    """sys.stdout, writing UTF-8 whatever the locale's encoding: a JSON Lines file is UTF-8 text, and under another
+    (PYTHONIOENCODING, a latin-1 locale, a Windows code page) a record's "\ufffd" or "é" ended the batch in a
+    UnicodeEncodeError traceback, or was written in that encoding."""
+    if hasattr(sys.stdout, "reconfigure"):  # (a stand-in stream may have none)
+        sys.stdout.reconfigure(encoding="utf-8")
+    return sys.stdout
+
+
 @contextlib.contextmanager
 def _batch_output(target: str, source: str) -> Iterator[_BatchOutput]:
     """run-batch's --output-file, opened before the model loads; UsageError when it cannot be, when it is the input
@@ -676,7 +685,7 @@ def _batch_output(target: str, source: str) -> Iterator[_BatchOutput]:
         raise UsageError(f"--output-file {target} is the input file, which it would overwrite; give another path")
     try:
         # append mode checks that the file can be written without emptying it; start() empties it
-        output = sys.stdout if target == "-" else path.open("a", encoding="utf-8")
+        output = _utf8_stdout() if target == "-" else path.open("a", encoding="utf-8")
     except OSError as error:
         raise UsageError(f"--output-file {target}: {error.strerror or error}") from None
     batch_output = _BatchOutput(target, output)

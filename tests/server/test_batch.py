@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -439,6 +440,19 @@ def test_a_short_engine_queue_still_leaves_a_full_batch_in_flight(tiny_checkpoin
     assert main(["run-batch", str(tiny_checkpoint), "-i", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "out"),
                  "--max-model-len", "2048", "--max-num-seqs", "8", "--max-waiting-requests", "1"]) == 0
     assert in_flight[0] > 8
+
+
+def test_records_written_to_stdout_are_utf_8_whatever_the_locale_encoding(tiny_checkpoint):
+    """`-o -` wrote the records in stdout's encoding: under PYTHONIOENCODING=ascii (or a latin-1 locale, a Windows
+    code page) a record with "é" ended the batch in a UnicodeEncodeError traceback, exit 1, where the file a JSON
+    Lines reader takes is UTF-8."""
+    text = _line("café", "/v1/completions", {"prompt": "Once", "max_tokens": 2}) + "\n"
+    run = subprocess.run([sys.executable, "-m", "glimmer.cli", "run-batch", str(tiny_checkpoint), "-i", "-", "-o", "-",
+                          "--max-model-len", "2048"], input=text.encode(), capture_output=True, timeout=300,
+                         env={**os.environ, "PYTHONIOENCODING": "ascii"})
+    assert run.returncode == 0, run.stderr.decode(errors="replace")[-2000:]
+    (record,) = [json.loads(line) for line in run.stdout.decode("utf-8").splitlines()]
+    assert (record["custom_id"], record["response"]["status_code"]) == ("café", 200)
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full, a file every write to fails")
