@@ -617,13 +617,13 @@ async def _cancelled_by_sigterm(work: Any) -> Any:
 def _read_batch_input(source: str) -> bytes:
     """The bytes of run-batch's --input-file (`-`: stdin); UsageError when they cannot be read."""
     _refuse_empty_argument(source, "--input-file", "give the batch file's path, or - for stdin")
-    if source == "-":
-        return sys.stdin.buffer.read()
+    if source == "-" and sys.stdin is None:  # started with stdin closed (`<&-`): Python then has none
+        raise UsageError("--input-file -: stdin is closed; give the batch file's path, or pipe the file in")
     if urlsplit(source).scheme in ("http", "https"):
         raise UsageError(f"--input-file {source}: reading a URL is not supported; download it (curl -o requests.jsonl "
                          "URL) and give its path, or pipe it in with --input-file -")
     try:
-        return Path(source).expanduser().read_bytes()
+        return sys.stdin.buffer.read() if source == "-" else Path(source).expanduser().read_bytes()
     except OSError as error:
         raise UsageError(f"--input-file {source}: {error.strerror or error}") from None
 

@@ -442,6 +442,15 @@ def test_a_short_engine_queue_still_leaves_a_full_batch_in_flight(tiny_checkpoin
     assert in_flight[0] > 8
 
 
+def test_run_batch_from_a_closed_stdin_is_one_line_before_the_model_loads(tiny_checkpoint, tmp_path):
+    """`-i -` started with stdin closed (`<&-`, as a daemonizer starts it) read from None: an AttributeError traceback,
+    exit 1."""
+    run = _run_batch_with_a_stream_closed(tiny_checkpoint, tmp_path, "<&-")
+    assert run.returncode == 2 and "Loading weights" not in run.stderr, run.stderr
+    assert run.stderr.splitlines()[-1] == ("glimmer: error: --input-file -: stdin is closed; give the batch file's "
+                                           "path, or pipe the file in")
+
+
 def test_records_written_to_stdout_are_utf_8_whatever_the_locale_encoding(tiny_checkpoint):
     """`-o -` wrote the records in stdout's encoding: under PYTHONIOENCODING=ascii (or a latin-1 locale, a Windows
     code page) a record with "é" ended the batch in a UnicodeEncodeError traceback, exit 1, where the file a JSON
