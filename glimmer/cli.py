@@ -683,6 +683,7 @@ def _batch_output(target: str, source: str) -> Iterator[_BatchOutput]:
     # samefile: a hard link to the input (or a symbolic one, or another spelling of its path) is the input too
     if target != "-" and source != "-" and path.exists() and path.samefile(Path(source).expanduser()):
         raise UsageError(f"--output-file {target} is the input file, which it would overwrite; give another path")
+    created = target != "-" and not path.exists() and not path.is_symlink()
     try:
         # append mode checks that the file can be written without emptying it; start() empties it
         output = _utf8_stdout() if target == "-" else path.open("a", encoding="utf-8")
@@ -696,6 +697,10 @@ def _batch_output(target: str, source: str) -> Iterator[_BatchOutput]:
         if output is not sys.stdout:
             with contextlib.suppress(OSError):  # what a failed flush left unwritten: that failure is reported
                 output.close()
+        if created and not batch_output.started:  # no batch began (the model failed to load, a SIGTERM): the file
+            # opened to check it is gone again, so that no empty output passes for the results of an empty batch
+            with contextlib.suppress(OSError):
+                path.unlink()
 
 
 def _no_color() -> bool:

@@ -524,6 +524,16 @@ def test_an_earlier_output_is_kept_when_the_model_fails_to_load_and_replaced_by_
     assert [(record["custom_id"], record["response"]["status_code"]) for record in records] == [("a", 200)]
 
 
+def test_no_output_file_is_left_when_the_model_fails_to_load(tmp_path, capsys):
+    """An output that was not there was created empty to check that it could be written, and left so when the model
+    failed to load: an empty results file, as an empty batch writes, from a run that answered nothing."""
+    (tmp_path / "in.jsonl").write_text(_line("a", "/v1/completions", {"prompt": "x", "max_tokens": 2}) + "\n")
+    out = tmp_path / "out.jsonl"
+    assert main(["run-batch", str(tmp_path / "no-such-model"), "-i", str(tmp_path / "in.jsonl"), "-o", str(out)]) == 2
+    assert "no-such-model" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_an_output_that_is_a_hard_link_to_the_input_is_refused_leaving_the_input_whole(capsys, tmp_path):
     """Only the same resolved path was taken for the input: a hard link to it was opened for writing, which emptied the
     input file (the batch ran from the bytes read before)."""
