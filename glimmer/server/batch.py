@@ -38,6 +38,10 @@ from glimmer.server.schemas import LONE_SURROGATE
 
 BATCH_URLS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 """The endpoints a batch line may name: those Glimmer serves that OpenAI's and vLLM's batch files name."""
+# how a compressed file begins (gzip, bzip2, xz and zstd's magic numbers), and the program that decompresses it: no
+# UTF-8 JSON text begins so, so that none of such a file's "lines" could run
+_COMPRESSED_FILE_STARTS = ((re.compile(rb"\x1f\x8b"), "gzip"), (re.compile(rb"BZh[1-9]1AY&SY"), "bzip2"),
+                           (re.compile(rb"\xfd7zXZ\x00"), "xz"), (re.compile(rb"\x28\xb5\x2f\xfd"), "zstd"))
 OVERLOADED_RETRY_S = 0.05
 """How long a request the engine's queue refused (429) waits before it is sent again: a batch has no client to retry."""
 
@@ -71,11 +75,17 @@ class BatchSummary:
 
 def parse_batch_input(data: bytes) -> list[BatchLine]:
     """The request lines of a batch input file, blank lines left out; a line that cannot run carries its error
-    object (it never stops the others). Raises ValueError for a file in UTF-16 or UTF-32, none of whose lines could."""
+    object (it never stops the others). Raises ValueError for a file in UTF-16 or UTF-32, or compressed (gzip, bzip2,
+    xz, zstd), none of whose lines could."""
     wide = wide_text_encoding(data)
     if wide is not None:
         raise ValueError(f"the file is {wide} text, not UTF-8, so none of its lines is JSON a batch runs (PowerShell's "
                          "`>` writes UTF-16); save it as UTF-8, e.g. `Out-File -Encoding utf8`, or `iconv -t UTF-8`")
+    compressed = next((name for start, name in _COMPRESSED_FILE_STARTS if start.match(data)), None)
+    if compressed is not None:
+        raise ValueError(f"the file is {compressed}-compressed, not JSON Lines text, so none of its lines is a "
+                         f"request; decompress it first (`{compressed} -dk FILE`), or pipe it in: "
+                         f"`{compressed} -dc FILE | glimmer run-batch ... --input-file -`")
     lines = []
     seen: dict[str, int] = {}  # custom_id → the line that named it first
     for number, raw in enumerate(data.split(b"\n"), start=1):

@@ -4,8 +4,11 @@ one record a line in input order; a line that cannot run is a record of its own,
 from __future__ import annotations
 
 import asyncio
+import bz2
+import gzip
 import io
 import json
+import lzma
 import os
 import signal
 import subprocess
@@ -182,6 +185,27 @@ def test_a_file_in_utf_16_or_32_is_refused_whole(capsys, tmp_path, encoding, nam
     assert len(err.splitlines()) == 1 and f"--input-file {tmp_path / 'in.jsonl'}: the file is {named} text" in err, err
     assert "UTF-8" in err and not out.exists()
     assert [line.custom_id for line in parse_batch_input(text.encode("utf-8-sig"))] == ["a", "b"]
+
+
+def _zstd(data: bytes) -> bytes:
+    return pytest.importorskip("zstandard").ZstdCompressor().compress(data)
+
+
+@pytest.mark.parametrize(("compress", "named"), [(gzip.compress, "gzip"), (bz2.compress, "bzip2"),
+                                                 (lzma.compress, "xz"), (_zstd, "zstd")])
+def test_a_compressed_file_is_refused_whole_saying_how_to_decompress_it(capsys, tmp_path, compress, named):
+    """A `requests.jsonl.gz` was run once the model had loaded, each stretch of its bytes between two newline bytes an
+    error record ("not UTF-8 text"), exit 0: it is refused before the model loads, naming the program to decompress it
+    with."""
+    text = "".join(_line(custom_id, "/v1/completions", {"prompt": "x"}) + "\n" for custom_id in "ab")
+    (tmp_path / "in.jsonl.gz").write_bytes(compress(text.encode()))
+    out = tmp_path / "out.jsonl"
+    assert main(["run-batch", str(tmp_path / "no-such-model"), "-i", str(tmp_path / "in.jsonl.gz"), "-o",
+                 str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert f"--input-file {tmp_path / 'in.jsonl.gz'}: the file is {named}-compressed" in err
+    assert f"{named} -dc FILE | glimmer run-batch" in err and not out.exists()
 
 
 def test_a_body_is_sent_as_the_line_has_it():
