@@ -217,10 +217,19 @@ def _unknown_route(request: Request) -> str:
     elif path.startswith("/v1/") and at_root != "/" and at_root in _ENDPOINTS:
         message += f"; this server serves {root}{at_root} at the root, beside /v1, as vLLM does " \
                    f"(http://HOST:PORT{root}{at_root})"
-    elif path != "/" and path.endswith("/") and _allowed_methods(
-            request.app, {**request.scope, "path": request.scope["path"].rstrip("/")}):  # routed on the raw path
+    elif path != "/" and path.endswith("/") and _serves(request.app, request.scope, path.rstrip("/")):
         message += f"; this server serves {root}{path.rstrip('/')}: drop the trailing slash"
     return message
+
+
+def _serves(app: FastAPI, scope: Scope, route_path: str) -> bool:
+    """Whether a route takes `route_path` (a path under --root-path) by some method. The request's endpoint is left
+    out of the scope: the 404 of a page file not there carries the page files' mount as its endpoint, which
+    `_allowed_methods` takes for a page file at any path (a page file that is there is served with a trailing slash
+    too)."""
+    path_scope = {key: value for key, value in scope.items() if key != "endpoint"}
+    path_scope["path"] = scope.get("root_path", "") + route_path  # routed on the raw path
+    return bool(_allowed_methods(app, path_scope))
 
 
 def _root_path(scope: Scope) -> str:

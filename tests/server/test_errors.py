@@ -547,6 +547,15 @@ def test_a_path_with_a_trailing_slash_is_an_openai_404_naming_the_route(server, 
     assert error["code"] == "not_found"
 
 
+def test_a_missing_page_file_with_a_trailing_slash_is_not_said_to_be_served_without_it(server):
+    """The 404 of `/static/nothing.js/` said "this server serves /static/nothing.js: drop the trailing slash", and that
+    path is a 404 too: the mount's 404 carries the mount as its endpoint, which was taken for a page file at any path
+    (a page file that is there is served with the slash as without it)."""
+    error = error_of(httpx.get(server.url + "/static/nothing.js/"), 404)
+    assert error["message"] == "Invalid URL (GET /static/nothing.js/)"
+    assert httpx.get(server.url + "/static/chat.js/").status_code == 200
+
+
 def test_a_wrong_method_is_405_with_an_error_body(server):
     response = httpx.get(server.base_url + "/chat/completions", headers={"Authorization": f"Bearer {KEY}"})
     assert error_of(response, 405)["type"] == "invalid_request_error"
