@@ -208,16 +208,20 @@ def _unknown_route(request: Request) -> str:
     root, path = _root_path(request.scope), get_route_path(request.scope)
     message = f"Invalid URL ({_request_line(request)})"
     at_root = path.removeprefix("/v1")
-    if f"/v1{path}" in _ENDPOINTS:
+    # a route with a parameter too (/v1/models/{model}, /v1/responses/{id}/input_items); not a path with a trailing
+    # slash, which a route's parameter may take ("/v1/models/") but no route serves
+    trailing_slash = path != "/" and path.endswith("/")
+    if not trailing_slash and _serves(request.app, request.scope, f"/v1{path}"):
         message += f"; this server serves {root}/v1{path}: give the client a base URL ending in /v1 " \
                    f"(http://HOST:PORT{root}/v1)"
-    elif path.startswith("/v1/v1/") and at_root in _ENDPOINTS:  # a base URL with /v1 to a client that adds its own
+    elif path.startswith("/v1/v1/") and not trailing_slash and _serves(request.app, request.scope, at_root):
+        # a base URL with /v1 to a client that adds its own
         message += f"; this server serves {root}{at_root}: give the client a base URL ending in one /v1 " \
                    f"(http://HOST:PORT{root}/v1)"
     elif path.startswith("/v1/") and at_root != "/" and at_root in _ENDPOINTS:
         message += f"; this server serves {root}{at_root} at the root, beside /v1, as vLLM does " \
                    f"(http://HOST:PORT{root}{at_root})"
-    elif path != "/" and path.endswith("/") and _serves(request.app, request.scope, path.rstrip("/")):
+    elif trailing_slash and _serves(request.app, request.scope, path.rstrip("/")):
         message += f"; this server serves {root}{path.rstrip('/')}: drop the trailing slash"
     return message
 

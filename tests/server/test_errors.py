@@ -508,6 +508,21 @@ def test_a_client_whose_base_url_lacks_v1_is_told_where_the_route_is(server):
     assert (error["message"], error["code"]) == ("Invalid URL (GET /v1/nothing-here)", "not_found")
 
 
+def test_a_client_whose_base_url_lacks_v1_is_told_where_a_route_with_a_parameter_is(server):
+    """The hint was given for the fixed paths alone (`/models`, `/chat/completions`): `models.retrieve` and the
+    stored-response routes, whose paths hold an id, got a bare 404, and so did such a path with /v1 twice."""
+    no_v1 = openai.OpenAI(base_url=server.url, api_key=KEY, max_retries=0)
+    with pytest.raises(openai.NotFoundError) as raised:
+        no_v1.models.retrieve("tiny")
+    assert raised.value.body["message"] == ("Invalid URL (GET /models/tiny); this server serves /v1/models/tiny: give "
+                                            "the client a base URL ending in /v1 (http://HOST:PORT/v1)")
+    with pytest.raises(openai.NotFoundError, match="this server serves /v1/responses/resp_x/input_items: give"):
+        no_v1.responses.input_items.list("resp_x")
+    twice = error_of(httpx.get(server.base_url + "/v1/models/tiny", headers={"Authorization": f"Bearer {KEY}"}), 404)
+    assert twice["message"] == ("Invalid URL (GET /v1/v1/models/tiny); this server serves /v1/models/tiny: give the "
+                                "client a base URL ending in one /v1 (http://HOST:PORT/v1)")
+
+
 def test_a_client_whose_base_url_has_v1_twice_is_told_to_give_it_once(server):
     """A base URL ending in /v1 given to a client that adds /v1 itself (`/v1/v1/chat/completions`) was told the route
     is served "at the root, beside /v1, as vLLM does", which is said of /tokenize and /health, not of a /v1 route."""
