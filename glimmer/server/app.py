@@ -154,7 +154,12 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     @app.api_route("/openapi.json", methods=["GET", "HEAD"], include_in_schema=False)
     async def openapi(request: Request) -> Response:
         check_api_key(request, settings.api_key)
-        return JSONResponse(app.openapi())
+        document = app.openapi()
+        # behind --root-path the paths are reached under it, which the document says in `servers`, as FastAPI's own
+        # /openapi.json (and so vLLM's) says it: a client generated from it called the paths without the prefix
+        if root_path := _root_path(request.scope):
+            document = {**document, "servers": [{"url": root_path}, *document.get("servers", [])]}
+        return JSONResponse(document)
 
     @app.exception_handler(GlimmerError)
     async def glimmer_error(request: Request, exc: GlimmerError) -> Response:

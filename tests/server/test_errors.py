@@ -89,6 +89,21 @@ def test_the_openapi_document_is_behind_the_api_key_and_the_docs_pages_are_not_s
         assert error_of(httpx.get(server.url + page, headers={"Authorization": f"Bearer {KEY}"}), 404)
 
 
+def test_the_openapi_document_under_a_root_path_names_it_as_its_server(server):
+    """Behind --root-path the document's paths (`/v1/chat/completions`) are reached under it (`/api/v1/...`): FastAPI's
+    own /openapi.json, and so vLLM's, says so in `servers`, which Glimmer's route left out, so a client generated
+    from the document, or one that reads it, called the paths without the prefix and got 404s."""
+    async def get(path: str, root_path: str) -> httpx.Response:
+        transport = httpx.ASGITransport(app=server.app, root_path=root_path)  # the scope uvicorn makes
+        async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as client:
+            return await client.get(root_path + path, headers={"Authorization": f"Bearer {KEY}"})
+
+    document = asyncio.run(get("/openapi.json", "/api")).json()
+    assert document["servers"] == [{"url": "/api"}] and "/v1/chat/completions" in document["paths"]
+    assert asyncio.run(get("/openapi.json", "/api/")).json()["servers"] == [{"url": "/api"}]
+    assert "servers" not in asyncio.run(get("/openapi.json", "")).json()
+
+
 def test_serve_api_key_help_names_exactly_the_routes_behind_the_key(server):
     """The help named /v1 and /openapi.json; /tokenize, /detokenize and /invocations need the key too. Every route
     (the OpenAPI document's, and those the app serves outside it) is asked without the key; those answering 401 are
