@@ -210,35 +210,41 @@ def _unknown_route(request: Request) -> str:
     (`/v1/v1/chat/completions`), or when a route served beside /v1 (vLLM's /tokenize, /health, ...) was asked for
     under it (the base URL joined to it). The URLs it gives are under --root-path, where the client reaches the
     server."""
-    root, path = _root_path(request.scope), get_route_path(request.scope)
+    scope = _app_scope(request.scope)
+    root, path = _root_path(scope), get_route_path(scope)
     message = f"Invalid URL ({_request_line(request)})"
     at_root = path.removeprefix("/v1")
     # a route with a parameter too (/v1/models/{model}, /v1/responses/{id}/input_items); not a path with a trailing
     # slash, which a route's parameter may take ("/v1/models/") but no route serves
     trailing_slash = path != "/" and path.endswith("/")
-    if not trailing_slash and _serves(request.app, request.scope, f"/v1{path}"):
+    if not trailing_slash and _serves(request.app, scope, f"/v1{path}"):
         message += f"; this server serves {root}/v1{path}: give the client a base URL ending in /v1 " \
                    f"(http://HOST:PORT{root}/v1)"
-    elif path.startswith("/v1/v1/") and not trailing_slash and _serves(request.app, request.scope, at_root):
+    elif path.startswith("/v1/v1/") and not trailing_slash and _serves(request.app, scope, at_root):
         # a base URL with /v1 to a client that adds its own
         message += f"; this server serves {root}{at_root}: give the client a base URL ending in one /v1 " \
                    f"(http://HOST:PORT{root}/v1)"
     elif path.startswith("/v1/") and at_root != "/" and at_root in _ENDPOINTS:
         message += f"; this server serves {root}{at_root} at the root, beside /v1, as vLLM does " \
                    f"(http://HOST:PORT{root}{at_root})"
-    elif trailing_slash and _serves(request.app, request.scope, path.rstrip("/")):
+    elif trailing_slash and _serves(request.app, scope, path.rstrip("/")):
         message += f"; this server serves {root}{path.rstrip('/')}: drop the trailing slash"
     return message
 
 
-def _serves(app: FastAPI, scope: Scope, route_path: str) -> bool:
-    """Whether a route takes `route_path` (a path under --root-path) by some method. The request's endpoint is left
-    out of the scope: the 404 of a page file not there carries the page files' mount as its endpoint, which
+def _app_scope(scope: Scope) -> Scope:
+    """`scope` as the app took it in. The 404 of a page file not there comes from inside the page files' mount, whose
+    scope has the mount's root path (`/static`, the path its own after it), and the mount as its endpoint, which
     `_allowed_methods` takes for a page file at any path (a page file that is there is served with a trailing slash
-    too)."""
-    path_scope = {key: value for key, value in scope.items() if key != "endpoint"}
-    path_scope["path"] = scope.get("root_path", "") + route_path  # routed on the raw path
-    return bool(_allowed_methods(app, path_scope))
+    too); the app's root path is its `app_root_path`, as Starlette's `Request.base_url` takes it."""
+    app_scope = {key: value for key, value in scope.items() if key != "endpoint"}
+    app_scope["root_path"] = scope.get("app_root_path", scope.get("root_path", ""))
+    return app_scope
+
+
+def _serves(app: FastAPI, app_scope: Scope, route_path: str) -> bool:
+    """Whether a route takes `route_path` (a path under --root-path) by some method; `app_scope` is `_app_scope`'s."""
+    return bool(_allowed_methods(app, {**app_scope, "path": app_scope["root_path"] + route_path}))  # the raw path
 
 
 def _root_path(scope: Scope) -> str:

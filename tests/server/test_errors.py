@@ -586,6 +586,20 @@ def test_a_missing_page_file_with_a_trailing_slash_is_not_said_to_be_served_with
     assert httpx.get(server.url + "/static/chat.js/").status_code == 200
 
 
+@pytest.mark.parametrize("path", ["/static/models", "/static/tokenize/", "/static/v1/models/tiny/"])
+@pytest.mark.parametrize("root_path", ["", "/api"])
+def test_a_page_file_not_there_is_told_of_no_route_the_mount_names_for_itself(server, path, root_path):
+    """Inside the page files' mount a request's root path is the mount's (`/static`), and the 404 of a page file not
+    there read its hints against it: `/static/models` was told "this server serves /static/v1/models", and
+    `/static/tokenize/` "this server serves /static/tokenize: drop the trailing slash", paths that are 404s too."""
+    async def get() -> httpx.Response:
+        transport = httpx.ASGITransport(app=server.app, root_path=root_path)  # the scope uvicorn makes
+        async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as client:
+            return await client.get(root_path + path)
+
+    assert error_of(asyncio.run(get()), 404)["message"] == f"Invalid URL (GET {root_path}{path})"
+
+
 def test_a_wrong_method_is_405_with_an_error_body(server):
     response = httpx.get(server.base_url + "/chat/completions", headers={"Authorization": f"Bearer {KEY}"})
     assert error_of(response, 405)["type"] == "invalid_request_error"
