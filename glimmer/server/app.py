@@ -546,6 +546,9 @@ class _RequestAccounting(_HttpMiddleware):
         self.metrics = metrics
 
     async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # before the app routes it: routing into the page files' mount sets the scope's root path to the mount's
+        # (`/static`), which read `/static/chat.js` as `/chat.js` (endpoint `other`) and `/static/health` as `/health`
+        endpoint = _endpoint(scope)
         status = 500  # where no response starts here, ServerErrorMiddleware (or uvicorn) answers 500
         finishing = False  # the response's last message is on its way
         client_left = False
@@ -577,7 +580,7 @@ class _RequestAccounting(_HttpMiddleware):
                 recorded = 408
             else:
                 recorded = _CLIENT_CLOSED_REQUEST if client_left else status
-            self.metrics.requests.labels(_endpoint(scope), str(recorded)).inc()
+            self.metrics.requests.labels(endpoint, str(recorded)).inc()
 
 
 def _endpoint(scope: Scope) -> str:

@@ -32,6 +32,22 @@ def test_under_a_root_path_requests_count_by_their_endpoint(make_tiny):
             "/v1 (http://HOST:PORT/api/v1)")
 
 
+def test_the_page_files_count_as_endpoint_static(make_tiny):
+    """Inside the page files' mount a request's root path is the mount's (`/static`), and the endpoint was read from it
+    once the response was out: the page's own files counted as `other`, and a file not there named as a route
+    (`/static/health`, `/static/v1/models`) as a 404 of that route, `/health` 404s on a dashboard."""
+    name = 'glimmer_requests_total{{endpoint="{}",status="{}"}}'
+    with live_server(make_tiny(), scripted=True) as server:
+        before = server.metrics()
+        assert httpx.get(server.url + "/static/chat.js").status_code == 200
+        for path in ("/static/health", "/static/v1/models"):
+            assert httpx.get(server.url + path).status_code == 404
+        after = server.metrics()
+    assert _grew(before, after, name.format("/static", 200)) == 1
+    assert _grew(before, after, name.format("/static", 404)) == 2
+    assert _grew(before, after, name.format("/health", 404)) == _grew(before, after, name.format("other", 200)) == 0
+
+
 def test_inter_token_latency_counts_each_step_when_the_server_reads_the_tokens_late(make_tiny):
     """A server busy elsewhere finds several steps' tokens waiting and reads them as one delta: inter-token latency
     was observed once for them all (one gap as long as all of theirs), so its count fell short of the tokens and its
