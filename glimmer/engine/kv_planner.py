@@ -11,7 +11,7 @@ model's groups share what is left as pages (kv_cache_manager.PageGeometry).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -119,3 +119,17 @@ def plan_kv_layout(text: TextConfig, dtype: torch.dtype, demand: KVDemand, budge
     if draft_blocks is not None and draft_blocks < needs[DRAFT]:
         short[DRAFT] = (draft_blocks, needs[DRAFT])
     return layout, short
+
+
+def longest_context_held(text: TextConfig, dtype: torch.dtype, demand: KVDemand, budget: int) -> int | None:
+    """The longest max_model_len, below `demand`'s, of which `budget` bytes hold one sequence (what vLLM's refusal
+    calls the estimated maximum model length); None where they hold none of 2 tokens, the least max_model_len. One
+    sequence fits in bytes that grow with its length, so the longest is found by bisection."""
+    def holds(max_model_len: int) -> bool:
+        return not plan_kv_layout(text, dtype, replace(demand, max_model_len=max_model_len), budget)[1]
+
+    low, high = 1, demand.max_model_len - 1  # `low` holds one (1 token: so said only where 2 do), `high` is the most
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if holds(middle) else (low, middle - 1)
+    return low if low >= 2 else None

@@ -49,7 +49,14 @@ from glimmer.engine.draft_policy import draft_choices
 from glimmer.engine.fork_guard import check_not_forked, mark_model_started
 from glimmer.engine.grammar import ControllerFactory, GrammarCompiler, GrammarMasks
 from glimmer.engine.kv_cache_manager import KVCacheLayout, KVCacheManager, page_geometry
-from glimmer.engine.kv_planner import DraftKV, KVDemand, block_bytes, plan_kv_layout, wanted_blocks
+from glimmer.engine.kv_planner import (
+    DraftKV,
+    KVDemand,
+    block_bytes,
+    longest_context_held,
+    plan_kv_layout,
+    wanted_blocks,
+)
 from glimmer.engine.lookahead import LaunchedStep, runs_ahead
 from glimmer.engine.model_loader import LoadedDrafter, LoadedModel, load_drafter, load_model, prepare_for_cpu
 from glimmer.engine.model_runner import ModelRunner, StepLogits
@@ -579,15 +586,25 @@ class LLMEngine:
             # the block size is what does not fit
             oversized = f"lower block_size={bs} (a block larger than max_model_len is mostly empty), " if (
                 bs > self.max_model_len and budget >= sum(per_block.values()) // bs * self.max_model_len) else ""
+            longest = longest_context_held(text, self.dtype, demand, budget)
+            context = (f"lower the context to {longest} tokens or less (--max-model-len {longest} / "
+                       f"max_model_len={longest})" if longest is not None
+                       else "lower the context (--max-model-len / max_model_len=)")
             raise ConfigError(
                 f"the KV cache ({budget:,} bytes{spec_note}) cannot hold one sequence of "
                 f"max_model_len={self.max_model_len} tokens (available/needed: {short}, a page is {bs} positions of "
-                f"{page_geometry(text).page_layers} layers); {oversized}lower the context (--max-model-len / "
-                "max_model_len=), free device memory, or give the KV cache more: --kv-cache-memory SIZE or "
-                "--gpu-memory-utilization on the command line, kv_cache_memory= or gpu_memory_utilization= in "
-                "LLM(...) / EngineConfig(...)"
+                f"{page_geometry(text).page_layers} layers); {oversized}{context}, {self._more_kv_cache_fix()}"
             )
         return layout
+
+    def _more_kv_cache_fix(self) -> str:
+        """How to give the KV cache more bytes, for a refusal: `kv_cache_memory` where it was given or the CPU's default
+        sized the cache (gpu_memory_utilization sizes a GPU's alone, and only where kv_cache_memory is not given)."""
+        if self.config.kv_cache_memory is not None or self.device.type != "cuda":
+            return ("or give the KV cache more: --kv-cache-memory SIZE on the command line, kv_cache_memory= in "
+                    "LLM(...) / EngineConfig(...)")
+        return ("free device memory, or give the KV cache more: --kv-cache-memory SIZE or --gpu-memory-utilization on "
+                "the command line, kv_cache_memory= or gpu_memory_utilization= in LLM(...) / EngineConfig(...)")
 
     def _kv_budget_bytes(self, per_block: dict[str, int], wanted: dict[str, int]) -> int:
         if self.config.kv_cache_memory is not None:  # a positive number of bytes (config_checks.py)

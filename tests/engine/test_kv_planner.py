@@ -8,7 +8,14 @@ import pytest
 import torch
 
 from glimmer.engine.kv_cache_manager import DRAFT, FULL, SLIDING
-from glimmer.engine.kv_planner import DraftKV, KVDemand, kv_bytes_per_page, plan_kv_layout, wanted_blocks
+from glimmer.engine.kv_planner import (
+    DraftKV,
+    KVDemand,
+    kv_bytes_per_page,
+    longest_context_held,
+    plan_kv_layout,
+    wanted_blocks,
+)
 from glimmer.tiny import released_30b_config
 
 TEXT = released_30b_config().text
@@ -37,6 +44,23 @@ def test_a_budget_a_page_short_of_one_sequence_says_how_short(max_model_len):
     needed = _pages_for_one(max_model_len)
     assert plan_kv_layout(TEXT, torch.bfloat16, demand, needed * PAGE)[1] == {}
     assert plan_kv_layout(TEXT, torch.bfloat16, demand, needed * PAGE - 1)[1] == {"pages": (needed - 1, needed)}
+
+
+@pytest.mark.parametrize("context", [2, 17, 2048, 2049, 100_000])
+def test_a_budget_short_of_max_model_len_names_the_longest_context_it_holds(context):
+    """vLLM's refusal gives "the estimated maximum model length"; the KV cache refusal named none to try."""
+    demand = KVDemand(block_size=16, max_model_len=131_072, max_num_seqs=1, max_num_batched_tokens=8192)
+    longest = math.ceil(context / 16) * 16  # the pages that hold `context` positions hold the rest of their block
+    assert longest_context_held(TEXT, torch.bfloat16, demand, _pages_for_one(context) * PAGE) == longest
+    assert longest_context_held(TEXT, torch.bfloat16, demand, _pages_for_one(context) * PAGE - 1) == (
+        longest - 16 if longest > 16 else None)  # under one block of each group: no context at all
+
+
+def test_the_longest_context_held_beside_a_drafter_holds_the_drafter_s_blocks_too():
+    draft = DraftKV(bytes_per_block=PAGE // 13, max_visible_distance=None)
+    demand = KVDemand(block_size=16, max_model_len=8192, max_num_seqs=8, max_num_batched_tokens=8192, draft=draft)
+    budget = _pages_for_one(4096) * PAGE + 256 * draft.bytes_per_block  # one sequence of 4,096 in every group
+    assert longest_context_held(TEXT, torch.bfloat16, demand, budget) == 4096
 
 
 def _sequences_held(layout, max_model_len: int) -> tuple[float, float]:

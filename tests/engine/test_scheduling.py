@@ -177,9 +177,14 @@ def test_a_kv_cache_too_small_for_one_full_length_sequence_is_refused_at_startup
     with pytest.raises(ConfigError, match="cannot hold one sequence of max_model_len=4096") as err:
         LLMEngine(EngineConfig(str(checkpoint), progress=False, kv_cache_memory=40_000))
     # audit: the fix named only the Python arguments; `glimmer serve` users need the flags
-    for name in ("--max-model-len", "--kv-cache-memory", "--gpu-memory-utilization", "kv_cache_memory=",
-                 "gpu_memory_utilization="):
+    for name in ("--max-model-len 16 / max_model_len=16", "--kv-cache-memory", "kv_cache_memory="):
         assert name in str(err.value), name
+    # gpu_memory_utilization sizes no cache given in bytes, nor any on the CPU, and no device memory is to be freed:
+    # fixes that change nothing were named
+    assert "gpu" not in str(err.value) and "device memory" not in str(err.value)
+    # the longest context named holds one sequence in the same bytes (4 pages: a full block and a sliding one)
+    assert LLMEngine(EngineConfig(str(checkpoint), progress=False, kv_cache_memory=40_000,
+                                  max_model_len=16)).kv_layout.num_pages == 4
 
 
 def test_a_kv_cache_smaller_than_one_block_is_refused_not_given_a_block_past_it(checkpoint):
