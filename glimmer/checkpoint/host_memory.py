@@ -1,4 +1,5 @@
-"""Refuse, before anything is allocated, weights (or a KV cache beside them) that cannot fit in the host's memory.
+"""Refuse, before anything is allocated, weights (a drafter's beside the model's, or a KV cache beside them) that cannot
+fit in the host's memory.
 
 A model on the CPU lives in host memory; weights larger than physical memory plus swap end in the kernel's
 OOM killer (or a multi-line MemoryError) only after minutes of materializing them. The estimate is the
@@ -166,18 +167,26 @@ def parameter_bytes(model: nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
 
 
-def check_fits_in_host_memory(model: nn.Module, device: torch.device | str, dtype: torch.dtype) -> None:
+def check_fits_in_host_memory(model: nn.Module, device: torch.device | str, dtype: torch.dtype, *,
+                              target: nn.Module | None = None) -> None:
     """Raises ConfigError (one line: the size, the memory, the fix) when `model`'s weights, materialized on the
-    CPU, would exceed the physical memory plus swap this process may use. Does nothing on other devices or where
-    the memory is unknown."""
+    CPU, would exceed the physical memory plus swap this process may use; for a speculative drafter, beside its
+    `target`'s weights, loaded already. Does nothing on other devices or where the memory is unknown."""
     if torch.device(device).type != "cpu":
         return
     memory = read_host_memory()
     needed = parameter_bytes(model)
-    if memory is None or needed <= memory.total_bytes:
+    beside = 0 if target is None else parameter_bytes(target)
+    if memory is None or needed + beside <= memory.total_bytes:
         return
     dtype_name = str(dtype).removeprefix("torch.")
     halve = "; --dtype bfloat16 halves it" if dtype == torch.float32 else ""
+    if target is not None:
+        raise ConfigError(
+            f"the speculative drafter's weights need {_size(needed)} as {dtype_name} on the CPU beside the model's "
+            f"{_size(beside)}, more than {memory.describe()}; serve without the drafter (leave out "
+            f"--speculative-config / speculative_config=) or use a GPU with room for both (--device cuda){halve}"
+        )
     raise ConfigError(
         f"the model's weights need {_size(needed)} as {dtype_name} on the CPU, more than "
         f"{memory.describe()}; load a smaller model (e.g. glimmer make-tiny) or use a GPU with room for it "

@@ -511,7 +511,7 @@ class LLMEngine:
         self.drafter = load_drafter(
             path, self.model_config, self._mask_token_id,
             dtype=self.dtype, device=self.device, progress=self.config.progress,
-            load_format=self._weights_load_format, seed=self.config.seed,
+            load_format=self._weights_load_format, seed=self.config.seed, target_model=self.loaded.model,
         )
         prepare_for_cpu(self.drafter.model, self.device, self.dtype, self.scheduler_config.max_num_seqs)
         # read before the target loaded too: its files may have changed since

@@ -257,12 +257,14 @@ def load_drafter(
     progress: bool = True,
     load_format: str = "auto",
     seed: int = 0,
+    target_model: nn.Module | None = None,
 ) -> LoadedDrafter:
     """Load a DFlash drafter (HF, native or GGUF layout) for `target`, strictly: a config that does not fit the
     target (hidden size, vocabulary, target layers, mask token) or weights that do not match the config are
     refused with the numbers (ConfigError / CheckpointError). `mask_token_id()` gives the target tokenizer's
     id of the released mask token, for configs that omit it. With load_format "dummy" only the config is read
-    and the weights are drawn at random on the device."""
+    and the weights are drawn at random on the device. On the CPU, weights that would not fit in the host's memory
+    beside `target_model`'s (loaded already) are refused before they load (ConfigError)."""
     if load_format not in LOAD_FORMATS:
         raise ConfigError(f"load_format={load_format!r} is not supported; use one of {list(LOAD_FORMATS)}")
     checkpoint = open_drafter_checkpoint(path, mask_token_id=mask_token_id, weights=load_format != "dummy")
@@ -276,6 +278,7 @@ def load_drafter(
     checkpoint.check_fits(target.text)
     with torch.device("meta"):
         model = DFlashDrafter(config).to(dtype)
+    check_fits_in_host_memory(model, device, dtype, target=target_model)
     if checkpoint.files is None:
         model = model.to_empty(device=device)
         randomize_parameters_(model, seed, norm_neutral=1.0)  # every drafter norm is plain-scale (§10.1)

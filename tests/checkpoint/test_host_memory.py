@@ -15,8 +15,10 @@ from torch import nn
 
 from glimmer.checkpoint import host_memory
 from glimmer.checkpoint.host_memory import CgroupLimit, HostMemory, read_host_memory
+from glimmer.engine.llm_engine import EngineConfig, LLMEngine
 from glimmer.engine.model_loader import load_model
 from glimmer.errors import ConfigError
+from glimmer.tiny import write_tiny_drafter
 
 GIB = 1 << 30
 KB_PER_GIB = 1 << 20
@@ -76,6 +78,25 @@ def test_weights_that_fit_in_memory_plus_swap_load(tiny_checkpoint, host):
     size = host_memory.parameter_bytes(load_model(tiny_checkpoint, progress=False).model)
     host.meminfo(mem_kb=size // 2048, swap_kb=size // 1024)  # memory alone is too small, memory + swap is not
     assert load_model(tiny_checkpoint, progress=False, load_format="dummy").weight_layout == "dummy"
+
+
+def test_a_drafter_that_fits_alone_but_not_beside_the_model_is_refused_before_it_loads(tiny_checkpoint, host,
+                                                                                        tmp_path):
+    """The drafter loads once the model has (minutes for the 30B), and its weights were never weighed: beside a model
+    that fits, they were materialized past the memory, to the kernel's OOM killer."""
+    drafter_dir = write_tiny_drafter(tmp_path / "drafter", tiny_checkpoint)
+    config = EngineConfig(str(tiny_checkpoint), progress=False, max_model_len=64,
+                          speculative_config={"method": "dflash", "model": str(drafter_dir)})
+    engine = LLMEngine(config)  # no /proc/meminfo yet: nothing is checked
+    target, drafter = (host_memory.parameter_bytes(m) for m in (engine.loaded.model, engine.drafter.model))
+    assert drafter < target
+    host.meminfo(mem_kb=(target + drafter) // 1024 - 1)  # room for the model, and for the drafter alone
+    with pytest.raises(ConfigError, match=r"^the speculative drafter's weights need \d+\.\d MiB as float32 on the CPU "
+                                          r"beside the model's \d+\.\d MiB, more than this machine's .*; serve "
+                                          r"without the drafter \(leave out --speculative-config"):
+        LLMEngine(config)
+    host.meminfo(mem_kb=(target + drafter) // 1024 + 1)
+    assert LLMEngine(config).drafter is not None
 
 
 def test_unreadable_meminfo_skips_the_check(tiny_checkpoint, host):
