@@ -194,16 +194,22 @@ def check_fits_in_host_memory(model: nn.Module, device: torch.device | str, dtyp
     )
 
 
-def check_kv_cache_fits_in_host_memory(kv_bytes: int, models: list[nn.Module]) -> None:
+def check_kv_cache_fits_in_host_memory(kv_bytes: int, models: list[nn.Module], default_for: str | None = None
+                                       ) -> None:
     """Raises ConfigError when a KV cache of `kv_bytes` on the CPU would not fit beside `models`' weights in the
     physical memory plus swap this process may use (the allocation would fail with an allocator's traceback, or be
-    killed later under load)."""
+    killed later under load). `default_for` says how the default sized a cache kv_cache_memory did not give."""
     memory = read_host_memory()
     if memory is None:
         return
     weights = sum(parameter_bytes(model) for model in models)
     room = memory.total_bytes - weights
-    if kv_bytes > room:
-        raise ConfigError(f"kv_cache_memory={kv_bytes:,} bytes is more than the {max(room, 0):,} bytes the weights' "
-                          f"{_size(weights)} leave of {memory.describe()}; give the KV cache less "
-                          "(--kv-cache-memory SIZE / kv_cache_memory=)")
+    if kv_bytes <= room:
+        return
+    what, fewer = f"kv_cache_memory={kv_bytes:,} bytes", ""
+    if default_for is not None:
+        what = f"the CPU's default KV cache, {kv_bytes:,} bytes ({default_for}),"
+        fewer = (", or serve fewer or shorter sequences (--max-num-seqs / max_num_seqs=, --max-model-len / "
+                 "max_model_len=)")
+    raise ConfigError(f"{what} is more than the {max(room, 0):,} bytes the weights' {_size(weights)} leave of "
+                      f"{memory.describe()}; give the KV cache less (--kv-cache-memory SIZE / kv_cache_memory=){fewer}")

@@ -629,14 +629,20 @@ class LLMEngine:
         if self.config.gpu_memory_utilization != EngineConfig.gpu_memory_utilization:
             logger.warning("gpu_memory_utilization=%s sizes the KV cache on a GPU only; on the CPU give "
                            "kv_cache_memory (--kv-cache-memory SIZE) instead", self.config.gpu_memory_utilization)
-        return min(_CPU_DEFAULT_KV_BYTES, sum(wanted[g] * per_block[g] for g in per_block))
+        budget = min(_CPU_DEFAULT_KV_BYTES, sum(wanted[g] * per_block[g] for g in per_block))
+        # checked as a size given is: beside weights that nearly fill the memory, it would be killed under load
+        self._check_kv_cache_fits(budget, default_for=(
+            f"what max_num_seqs={self.scheduler_config.max_num_seqs} sequences of max_model_len={self.max_model_len} "
+            f"tokens need, {_CPU_DEFAULT_KV_BYTES >> 30} GiB at most"))
+        return budget
 
-    def _check_kv_cache_fits(self, kv_bytes: int) -> None:
-        """ConfigError, before anything is allocated, for a requested KV cache the device cannot hold: beside the
-        weights in the CPU's memory and swap, or in the GPU's free memory less the verification reserve."""
+    def _check_kv_cache_fits(self, kv_bytes: int, default_for: str | None = None) -> None:
+        """ConfigError, before anything is allocated, for a KV cache the device cannot hold: beside the weights in the
+        CPU's memory and swap, or in the GPU's free memory less the verification reserve. `default_for`: how the CPU's
+        default sized it (None: kv_cache_memory gave it)."""
         if self.device.type != "cuda":
             drafter = [self.drafter.model] if self.drafter is not None else []
-            check_kv_cache_fits_in_host_memory(kv_bytes, [self.loaded.model, *drafter])
+            check_kv_cache_fits_in_host_memory(kv_bytes, [self.loaded.model, *drafter], default_for=default_for)
             return
         room = device_free_bytes(self.device) - self._speculation_reserve_bytes()
         if kv_bytes > room:

@@ -95,7 +95,7 @@ def test_a_drafter_that_fits_alone_but_not_beside_the_model_is_refused_before_it
                                           r"beside the model's \d+\.\d MiB, more than this machine's .*; serve "
                                           r"without the drafter \(leave out --speculative-config"):
         LLMEngine(config)
-    host.meminfo(mem_kb=(target + drafter) // 1024 + 1)
+    host.meminfo(mem_kb=(target + drafter + engine._kv_budget) // 1024 + 1)  # the KV cache is weighed beside them
     assert LLMEngine(config).drafter is not None
 
 
@@ -220,6 +220,22 @@ def test_a_kv_cache_beyond_the_cgroup_limit_less_the_weights_is_refused_naming_i
     with pytest.raises(ConfigError, match=re.escape(expected)):
         host_memory.check_kv_cache_fits_in_host_memory(16 * GIB, weights)
     host_memory.check_kv_cache_fits_in_host_memory(12 * GIB, weights)
+
+
+def test_the_cpu_s_default_kv_cache_beyond_what_the_weights_leave_is_refused_naming_it(tiny_checkpoint, host):
+    """A size given was weighed against the memory the weights leave; the default (up to 2 GiB) was not, so beside
+    weights that nearly fill the memory it was allocated, to be killed under load."""
+    config = EngineConfig(str(tiny_checkpoint), progress=False, max_model_len=64, max_num_seqs=2)
+    engine = LLMEngine(config)  # no /proc/meminfo yet: nothing is checked
+    weights, default = host_memory.parameter_bytes(engine.loaded.model), engine._kv_budget
+    host.meminfo(mem_kb=(weights + default) // 1024 - 1)  # room for the weights, not for the cache beside them
+    expected = (f"the CPU's default KV cache, {default:,} bytes (what max_num_seqs=2 sequences of max_model_len=64 "
+                "tokens need, 2 GiB at most), is more than the ")
+    with pytest.raises(ConfigError, match=re.escape(expected) + r".*; give the KV cache less \(--kv-cache-memory SIZE"
+                                          r" / kv_cache_memory=\), or serve fewer or shorter sequences"):
+        LLMEngine(config)
+    host.meminfo(mem_kb=(weights + default) // 1024 + 1)
+    assert LLMEngine(config)._kv_budget == default
 
 
 def test_serving_the_30b_geometry_on_a_small_cpu_fails_with_one_line(tmp_path):
