@@ -131,7 +131,8 @@ def check_engine_config(config: EngineConfig) -> None:
             raise ConfigError(f"kv_cache_memory: {exc}") from None
     if config.kv_cache_memory is not None and (not _is_int(config.kv_cache_memory) or config.kv_cache_memory <= 0):
         raise ConfigError(f"kv_cache_memory={config.kv_cache_memory!r} must be a positive number of bytes or a size "
-                          "such as '8GiB' (or None: a share of free device memory)")
+                          "such as '8GiB' (or None: on a GPU, what gpu_memory_utilization leaves after the weights; on "
+                          "the CPU, what max_num_seqs sequences of max_model_len need, 2 GiB at most)")
     utilization = config.gpu_memory_utilization
     if isinstance(utilization, bool) or not isinstance(utilization, (int, float)) or not 0 < utilization <= 1:
         raise ConfigError(f"gpu_memory_utilization={utilization!r} must be a fraction in (0, 1]")

@@ -25,7 +25,10 @@ from glimmer.errors import ConfigError, UnsupportedArgumentError
     ("block_size", "16", "block_size='16' must be a positive integer"),
     ("block_size", 24, "block_size=24 must be a positive integer, a power of two"),
     ("kv_cache_memory", "lots", "kv_cache_memory: 'lots' is not a size"),
-    ("kv_cache_memory", -5, "kv_cache_memory=-5 must be a positive number of bytes"),
+    # None was said to be "a share of free device memory", which the CPU's default is not
+    ("kv_cache_memory", -5, "kv_cache_memory=-5 must be a positive number of bytes or a size such as '8GiB' \\(or "
+                            "None: on a GPU, what gpu_memory_utilization leaves after the weights; on the CPU, what "
+                            "max_num_seqs sequences of max_model_len need, 2 GiB at most\\)"),
     ("kv_cache_memory", 2.5e9, "kv_cache_memory=2500000000.0 must be a positive number of bytes"),
     ("gpu_memory_utilization", "x", "gpu_memory_utilization='x' must be a fraction in \\(0, 1\\]"),
     ("gpu_memory_utilization", 1.5, "gpu_memory_utilization=1.5 must be a fraction"),
