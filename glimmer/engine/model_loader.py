@@ -74,8 +74,7 @@ def load_model(
         return _dummy_model(opened.config, dtype, device, seed)
     files, layout = opened.tensors, opened.weight_layout
     config = untie_if_lm_head_stored(drop_vision_if_absent(opened.config, files, layout), files, layout)
-    with torch.device("meta"):
-        model = MuseGlimmerForConditionalGeneration(config).to(dtype)
+    model = _meta_model(config, dtype)
     plan = plan_weights(config, files, expected_parameters(model, config), layout)
     check_fits_in_host_memory(model, device, dtype)
     model = model.to_empty(device=device)
@@ -90,9 +89,19 @@ def load_model(
     return LoadedModel(model=model, config=config, weight_layout=stored)
 
 
-def _dummy_model(config: ModelConfig, dtype: torch.dtype, device: torch.device | str, seed: int) -> LoadedModel:
+def _meta_model(config: ModelConfig, dtype: torch.dtype) -> MuseGlimmerForConditionalGeneration:
+    """The model on the meta device (nothing allocated), its lm_head tied where the config ties it: the host-memory
+    check counts a tied embedding once, as it is once it loads (counted twice, the 30B geometry's vocabulary tied
+    added 5.4 GB of float32 to the weights said not to fit). Materializing unties it; the loaders tie it again."""
     with torch.device("meta"):
         model = MuseGlimmerForConditionalGeneration(config).to(dtype)
+    if config.text.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    return model
+
+
+def _dummy_model(config: ModelConfig, dtype: torch.dtype, device: torch.device | str, seed: int) -> LoadedModel:
+    model = _meta_model(config, dtype)
     check_fits_in_host_memory(model, device, dtype)
     model = model.to_empty(device=device)
     if config.text.tie_word_embeddings:

@@ -4,7 +4,9 @@ In a container the memory is its cgroup's limit: the tests build a fake /proc an
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -97,6 +99,22 @@ def test_a_drafter_that_fits_alone_but_not_beside_the_model_is_refused_before_it
         LLMEngine(config)
     host.meminfo(mem_kb=(target + drafter + engine._kv_budget) // 1024 + 1)  # the KV cache is weighed beside them
     assert LLMEngine(config).drafter is not None
+
+
+def test_a_tied_embedding_counts_once_in_the_weights_weighed(tiny_checkpoint, host, tmp_path):
+    """The lm_head a config ties to the embedding was counted beside it on the meta device: a model that fits was
+    refused, the size said twice the embedding's too large."""
+    tied = Path(shutil.copytree(tiny_checkpoint, tmp_path / "tied"))
+    config = json.loads((tied / "config.json").read_text())
+    (tied / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    loaded = load_model(tied, progress=False, load_format="dummy")  # no /proc/meminfo yet: nothing is checked
+    assert loaded.model.lm_head.weight is loaded.model.embed_tokens.weight
+    weights = host_memory.parameter_bytes(loaded.model)
+    host.meminfo(mem_kb=weights // 1024 + 1)  # room for the weights, not for the embedding twice
+    assert load_model(tied, progress=False, load_format="dummy").model.lm_head.weight.numel()
+    host.meminfo(mem_kb=weights // 1024 - 1)
+    with pytest.raises(ConfigError, match=f"need {weights / 2**20:.1f} MiB as float32"):
+        load_model(tied, progress=False, load_format="dummy")
 
 
 def test_unreadable_meminfo_skips_the_check(tiny_checkpoint, host):
