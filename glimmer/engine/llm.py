@@ -81,6 +81,7 @@ from glimmer.protocol import (
     resolve_reasoning_strength,
 )
 from glimmer.protocol.chat_template import REASONING_FIELDS
+from glimmer.protocol.openai_mapping import answer_characters_before
 from glimmer.protocol.tool_choice import ToolPlan, plan_tools
 from glimmer.protocol.turn_grammar import MAX_THINKING_TOKEN_BUDGET
 
@@ -182,21 +183,19 @@ class _ChatTurn:
     skip_special_tokens: bool | None  # the caller's: False shows every special token in the reply, else framing only
 
 
-def _cut_at_stop(content: str | None, stop: list[str], include: bool, content_ends: list[int] | None = None,
-                 armed_after: int = -1, breaks: Collection[int] = ()) -> tuple[str | None, str | None]:
+def _cut_at_stop(content: str | None, stop: list[str], include: bool, armed_from: int = 0,
+                 breaks: Collection[int] = ()) -> tuple[str | None, str | None]:
     """(the answer up to its first stop string, kept if `include`; that stop string), or (content, None).
 
-    As on the server, with `min_tokens` a stop string counts only if it ends after character `armed_after` of the
-    turn (where the min_tokens-th token's text ends): if the parser had read more of the turn than that when it
-    released the stop string's last character (`content_ends`, per character of `content`, `_content_ends`). Nor
-    does one count across `breaks` (`_content_breaks`)."""
+    As on the server, with `min_tokens` a stop string counts only if it ends past the answer's first `armed_from`
+    characters, those in the text of the first min_tokens tokens (`_unarmed_answer_characters`). Nor does one count
+    across `breaks` (`_content_breaks`)."""
     if not content or not stop:
         return content, None
     found = []
     for s in stop:
         at = content.find(s)
-        while at >= 0 and ((content_ends is not None and content_ends[at + len(s) - 1] <= armed_after)
-                           or any(at < position < at + len(s) for position in breaks)):
+        while at >= 0 and (at + len(s) <= armed_from or any(at < position < at + len(s) for position in breaks)):
             at = content.find(s, at + 1)
         if at >= 0:
             found.append((at, s))
@@ -206,24 +205,21 @@ def _cut_at_stop(content: str | None, stop: list[str], include: bool, content_en
     return content[: at + len(matched) if include else at] or None, matched
 
 
-def _content_ends(text: str, reading: Mapping[str, Any], token_ends: list[int]) -> list[int]:
-    """Per character of the answer in the turn `text`, how many characters of `text` the parser had read when it
-    released it, the turn read token by token (`token_ends`, where each token's text ends) as the server reads it (the
-    answer may be several messages: it is no one piece of the turn). `reading`: OutputParser's arguments."""
-    parser = OutputParser(**reading)
-    ends: list[int] = []
-    start = 0
-    for end in token_ends:
-        ends += [end] * len(parser.feed(text[start:end]).content)
-        start = end
-    return ends + [len(text)] * len(parser.finish().content)
+def _unarmed_answer_characters(parser: OutputParser, armed_after: int) -> int:
+    """How many of the answer characters `parser` released lie in the turn's first `armed_after` characters (the text
+    of the first min_tokens tokens; -1 without min_tokens): a stop string ending in them does not count, however long
+    the parser held their text back (a possible header) before releasing it, as on the server
+    (`ChoiceStream._armed_from`) and in vLLM, where a stop string counts if it ends in a token after the
+    min_tokens-th."""
+    return answer_characters_before(parser.content_spans, armed_after)
 
 
-def _read_whole(text: str, reading: Mapping[str, Any]) -> list[Delta]:
+def _read_whole(text: str, reading: Mapping[str, Any]) -> tuple[list[Delta], OutputParser]:
     """The deltas of an OutputParser (`reading`: its arguments) fed all of the turn `text`, then finished: what
-    `parse_output` assembles, kept for `_content_breaks` too."""
+    `parse_output` assembles, kept for `_content_breaks` too; and that parser, whose `content_spans` place the answer
+    in the turn."""
     parser = OutputParser(**reading)
-    return [parser.feed(text), parser.finish()]
+    return [parser.feed(text), parser.finish()], parser
 
 
 def _content_breaks(deltas: Iterable[Delta]) -> list[int]:
@@ -249,17 +245,16 @@ def _turn_as_the_server_reads_it(text: str, reading: Mapping[str, Any], token_en
     (`token_ends`: where each token's text ends in `text`). What the model wrote after that point (a call made for an
     invented user turn, reasoning after the stop string) is no part of the reply. `reading`: OutputParser's
     arguments. The turn is read a token at a time only where one of those ends it."""
-    whole = OutputParser(**reading)
-    deltas = [whole.feed(text), whole.finish()]
+    deltas, whole = _read_whole(text, reading)
     content = ParsedOutput.from_deltas(deltas).content
-    ends = _content_ends(text, reading, token_ends) if stop and armed_after >= 0 else None
     breaks = _content_breaks(deltas) if stop else []
     if not (whole.other_role_header_seen or (single_call and (whole.valid_call_names or whole.unresolved_call_count))
-            or _cut_at_stop(content, stop, include_stop, ends, armed_after, breaks)[1] is not None):
+            or _cut_at_stop(content, stop, include_stop, _unarmed_answer_characters(whole, armed_after),
+                            breaks)[1] is not None):
         return text, False
     parser = OutputParser(**reading)
     longest = max((len(s) for s in stop), default=0)
-    content, ends, start = "", [], 0
+    content, start = "", 0
     for end in token_ends:
         new_content = parser.feed(text[start:end]).content
         start = end
@@ -267,9 +262,9 @@ def _turn_as_the_server_reads_it(text: str, reading: Mapping[str, Any], token_en
             return text[:end], True
         if stop and new_content:
             content += new_content
-            ends += [end] * len(new_content)
             recent = content[-(longest + len(new_content)):]
-            if any(s in recent for s in stop) and _cut_at_stop(content, stop, include_stop, ends, armed_after,
+            armed_from = _unarmed_answer_characters(parser, armed_after)
+            if any(s in recent for s in stop) and _cut_at_stop(content, stop, include_stop, armed_from,
                                                                breaks)[1] is not None:
                 return text[:end], True
     return text, False
@@ -816,14 +811,12 @@ class LLM:
                 read, ended_early = _turn_as_the_server_reads_it(
                     text, reading, token_ends, single_call=not parallel_tool_calls, stop=turn.stop,
                     include_stop=turn.include_stop, armed_after=armed_after)
-                deltas = _read_whole(read, reading)
+                deltas, reader = _read_whole(read, reading)
                 parsed = ParsedOutput.from_deltas(deltas)
                 alone = replace(output, outputs=[completion])
-                ends = _content_ends(read, reading, [end for end in token_ends if end <= len(read)]
-                                     ) if turn.stop and armed_after >= 0 else None
                 breaks = _content_breaks(deltas) if turn.stop else []
-                content, stop_string = _cut_at_stop(parsed.content, turn.stop, turn.include_stop, ends, armed_after,
-                                                    breaks)
+                content, stop_string = _cut_at_stop(parsed.content, turn.stop, turn.include_stop,
+                                                    _unarmed_answer_characters(reader, armed_after), breaks)
                 # `parallel_tool_calls=False`: the first call, as the server returns it under any tool_choice
                 calls = list(parsed.tool_calls)[: None if parallel_tool_calls else 1]
                 choice = ChatOutput(parsed.reasoning, content, calls, alone, stop_string=stop_string,

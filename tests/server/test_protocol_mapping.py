@@ -59,6 +59,7 @@ CALL_THEN_ANSWER = (f" to=get_weather<|message|>{WEATHER_CALL_BODY}<|eom|><|star
 ANSWER_IN_TWO_MESSAGES = (" to=user<|message|>one HALT two<|eom|><|start|>assistant to=user<|message|>three HALT four"
                           "<|eot|>")
 ANSWER_WITH_LIGHT = " to=user<|message|>The light is on.<|eot|>"
+GO_TO_THE_END = " to=user<|message|>Go to the end.<|eot|>"
 TWO_THOUGHTS_THEN_CALL = (" to=self<|message|>First thought.<|eom|><|start|>assistant to=self<|message|>Second thought."
                           f"<|eom|><|start|>assistant to=get_weather<|message|>{WEATHER_CALL_BODY}<|eot|>")
 STOP_ACROSS_A_CALL = (" to=user<|message|>one HA<|eom|><|start|>assistant to=get_weather<|message|>"
@@ -85,6 +86,7 @@ SCRIPTS = {
     "[call-then-answer]": [CALL_THEN_ANSWER],
     "[answer-in-two]": [ANSWER_IN_TWO_MESSAGES],
     "[light]": [ANSWER_WITH_LIGHT],
+    "[go-to]": [GO_TO_THE_END],
     "[empty-call]": [' to=get_time<|message|><atem:function_calls>\n<atem:invoke name="get_time">\n</atem:invoke>\n'
                      '</atem:function_calls><|eot|>'],
 }
@@ -481,18 +483,38 @@ def test_min_tokens_holds_off_stop_strings_in_the_answer(client, server):
     assert armed["content"] == "one two "
 
 
+def _served_and_llm_chat(client, llm, key: str, stop: list[str], min_tokens: int) -> tuple[dict[str, Any], Any]:
+    """The server's answer (`_both`) and LLM.chat's reply to the script `key` under `stop` and `min_tokens`."""
+    request = _request(key, stop=stop, extra_body={"chat_template_kwargs": PINNED_DATE, "min_tokens": min_tokens})
+    reply = llm.chat(request["messages"], SamplingParams(temperature=0, max_tokens=200, min_tokens=min_tokens,
+                                                         stop=stop), chat_template_kwargs=PINNED_DATE,
+                     use_tqdm=False)[0]
+    return _both(client, **request), reply
+
+
 def test_llm_chat_holds_off_a_stop_string_in_the_min_tokens_of_an_answer_of_two_messages(client, server, llm):
     """LLM.chat found the answer in the turn by its text to tell which stop strings min_tokens holds off; an answer of
     two messages is no one piece of the turn, so it cut at a stop string the server keeps as text."""
     first_halt = _token_count(server, ANSWER_IN_TWO_MESSAGES[:ANSWER_IN_TWO_MESSAGES.index("HALT") + len("HALT")])
-    request = _request("[answer-in-two]", stop=["HALT"], extra_body={"chat_template_kwargs": PINNED_DATE,
-                                                                     "min_tokens": first_halt})
-    served = _both(client, **request)
-    reply = llm.chat(request["messages"], SamplingParams(temperature=0, max_tokens=200, min_tokens=first_halt,
-                                                         stop=["HALT"]), chat_template_kwargs=PINNED_DATE,
-                     use_tqdm=False)[0]
+    served, reply = _served_and_llm_chat(client, llm, "[answer-in-two]", ["HALT"], first_halt)
     assert served["content"].startswith("one HALT two") and served["content"].endswith("three ")
     assert (reply.content, reply.finish_reason, reply.stop_string) == (served["content"], "stop", "HALT")
+
+
+@pytest.mark.parametrize(("through", "content", "stop_string"), [
+    ("Go to", "Go to the end.", None),  # "to" ends in the min_tokens-th token, whose text the parser held
+    ("Go", "Go ", "to"),  # it ends in the token after
+])
+def test_llm_chat_holds_off_a_stop_string_ending_in_its_min_tokens_though_the_parser_held_its_text(
+        client, server, llm, through, content, stop_string):
+    """LLM.chat told a stop string min_tokens holds off by the token whose text made the parser release it, not by
+    the token it ends in: ' to' may start a headerless switch (P-HDR-7) and is held until ' the' comes, so with
+    min_tokens through ' to' it cut the answer to 'Go ', where the server keeps it (README: a stop string counts if it
+    ends in a token after the min_tokens-th, as in vLLM)."""
+    min_tokens = _token_count(server, GO_TO_THE_END[: GO_TO_THE_END.index(through) + len(through)])
+    served, reply = _served_and_llm_chat(client, llm, "[go-to]", ["to"], min_tokens)
+    assert (served["content"], served["finish_reason"]) == (content, "stop")
+    assert (reply.content, reply.finish_reason, reply.stop_string) == (content, "stop", stop_string)
 
 
 @pytest.mark.parametrize("include", [False, True])
