@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -294,17 +295,36 @@ def test_an_error_event_after_a_call_began_leaves_no_call_to_answer(make_tiny, b
         assert not browser.find_element(By.ID, "error").is_displayed()
 
 
+def _cut_off_reply(browser, live):
+    """The page's reply to `[long] Talk.`, scripted to 400 words (returned too), which a limit cuts off."""
+    long_answer = " ".join(f"w{i}" for i in range(400))
+    live.engine.engine.runner.add("[long]", f" to=user<|message|>{long_answer}<|eot|>")
+    browser.get(live.url + "/")
+    _wait(browser, lambda: browser.find_element(By.ID, "model").text == "tiny")
+    turn = _send(browser, "[long] Talk.")
+    assert turn.get_attribute("data-finish-reason") == "length"
+    return turn, long_answer
+
+
 def test_a_reply_cut_off_by_the_context_length_says_so(make_tiny, browser):
     with agent_server(make_tiny(vision=True), engine_options={"max_model_len": 256}) as live:
-        long_answer = " ".join(f"w{i}" for i in range(400))
-        live.engine.engine.runner.add("[long]", f" to=user<|message|>{long_answer}<|eot|>")
-        browser.get(live.url + "/")
-        _wait(browser, lambda: browser.find_element(By.ID, "model").text == "tiny")
-        turn = _send(browser, "[long] Talk.")
-        assert turn.get_attribute("data-finish-reason") == "length"
+        turn, long_answer = _cut_off_reply(browser, live)
         assert "(cut off: the conversation fills the model's context)" in turn.text
         assert long_answer.startswith(turn.find_element(By.CSS_SELECTOR, ".content").text)
         assert not browser.find_element(By.ID, "error").is_displayed()
+
+
+def test_a_reply_cut_off_by_the_default_max_tokens_says_so_not_that_the_context_is_full(make_tiny, browser, tmp_path):
+    """The page sets no max_tokens, so the server's default ends a long reply: the checkpoint's generation_config
+    max_new_tokens, well inside the context here. The page said the conversation filled the model's context."""
+    model = tmp_path / "model"
+    shutil.copytree(make_tiny(vision=True), model)
+    generation = json.loads((model / "generation_config.json").read_text())
+    (model / "generation_config.json").write_text(json.dumps(generation | {"max_new_tokens": 20}))
+    with agent_server(model) as live:
+        turn, _ = _cut_off_reply(browser, live)
+        assert "(cut off at the server's default max_tokens)" in turn.text
+        assert "context" not in turn.find_element(By.CSS_SELECTOR, ".stopped-note").text
 
 
 def test_a_server_that_fails_to_list_its_models_is_named_with_its_status(server, browser):

@@ -12,8 +12,8 @@ const cacheSalt = Array.from(crypto.getRandomValues(new Uint8Array(16)), (b) => 
 // images: the next message's attachments, a promise of its data URL each.
 // pendingCalls: the tool calls of the last reply still waiting for their results, which the composer takes one by one
 // (the conversation goes on only once each call is answered, as OpenAI requires); answeredCalls: those answered since.
-const state = { model: null, key: sessionStorage.getItem("glimmer-api-key") || "", history: [], images: [],
-  pendingCalls: [], answeredCalls: [], stopping: null };
+const state = { model: null, maxModelLen: null, key: sessionStorage.getItem("glimmer-api-key") || "", history: [],
+  images: [], pendingCalls: [], answeredCalls: [], stopping: null };
 const PROMPT_PLACEHOLDER = "Message (Enter sends, Shift+Enter for a new line)";
 
 function headers() {
@@ -44,7 +44,14 @@ async function connect() {
   }
   const models = await response.json();
   state.model = models.data[0].id;
+  state.maxModelLen = models.data[0].max_model_len;
   $("model").textContent = state.model;
+}
+
+// Whether a reply cut off with `usage` filled the context (so a new chat is the way on), rather than reaching the
+// server's default max_tokens (the model's generation_config max_new_tokens); without the figures, the context.
+function contextFull(usage) {
+  return !usage || !state.maxModelLen || usage.prompt_tokens + usage.completion_tokens >= state.maxModelLen;
 }
 
 function element(tag, className, text) {
@@ -85,6 +92,7 @@ class AssistantTurn {
     this.node.append(this.content);
     this.calls = [];
     this.message = { role: "assistant", content: "", reasoning_content: "", tool_calls: [] };
+    this.usage = null;  // the stream's last chunk's (stream_options.include_usage)
     $("log").append(this.node);
   }
 
@@ -128,7 +136,9 @@ class AssistantTurn {
 }
 
 function requestBody() {
-  const body = { model: state.model, messages: [], stream: true, cache_salt: cacheSalt };
+  // the usage tells which limit ended a reply cut off (finish_reason "length")
+  const body = { model: state.model, messages: [], stream: true, stream_options: { include_usage: true },
+    cache_salt: cacheSalt };
   const system = $("system").value.trim();
   if (system) body.messages.push({ role: "system", content: system });
   body.messages.push(...state.history);
@@ -259,6 +269,7 @@ async function streamReply(body, signal) {
         turn.message.tool_calls = [];
         break;
       }
+      if (chunk.usage) turn.usage = chunk.usage;
       for (const choice of chunk.choices || []) {
         const delta = choice.delta || {};
         if (delta.reasoning_content) turn.addReasoning(delta.reasoning_content);
@@ -276,8 +287,9 @@ async function streamReply(body, signal) {
     turn.node.append(element("div", "stopped-note", stopped ? "(stopped)" : "(cut off)"));
     turn.message.tool_calls = [];
   }
-  if (turn.node.dataset.finishReason === "length") {  // the page sets no max_tokens: the context is full
-    turn.node.append(element("div", "stopped-note", "(cut off: the conversation fills the model's context)"));
+  if (turn.node.dataset.finishReason === "length") {  // the page sets no max_tokens: the server's default ended it
+    turn.node.append(element("div", "stopped-note", contextFull(turn.usage)
+      ? "(cut off: the conversation fills the model's context)" : "(cut off at the server's default max_tokens)"));
   }
   turn.node.classList.remove("streaming");
   turn.node.classList.add("done");
