@@ -65,8 +65,10 @@ class _ArgumentParser(argparse.ArgumentParser):
                             for action in command._actions
                             if action.type in (_json_object, _limit_mm_per_prompt)
                             or action.dest == "speculative_config" for option in action.option_strings}
+            options = {option for command in self.commands.values() for option in command._option_string_actions}
             try:
-                args = _with_dotted_keys_joined(list(sys.argv[1:] if args is None else args), json_options)
+                args = _with_dotted_keys_joined(
+                    _with_underscores_as_dashes(list(sys.argv[1:] if args is None else args), options), json_options)
             except UsageError as error:
                 self.error(str(error))
         parsed, extras = self.parse_known_args(args, namespace)
@@ -74,6 +76,21 @@ class _ArgumentParser(argparse.ArgumentParser):
             self.commands.get(getattr(parsed, "command", None), self).error(
                 f"unrecognized arguments: {' '.join(extras)}")
         return parsed
+
+
+def _with_underscores_as_dashes(argv: list[str], options: set[str]) -> list[str]:
+    """`argv` with each option spelt with underscores, as vLLM's parser takes them (`--max_model_len 4096`,
+    `--served_model_name=a`, `--speculative_config.num_speculative_tokens 4`), spelt with dashes where that names one
+    of `options`: the name alone, up to a `.` or `=` (a dotted key keeps its own underscores), and none after a `--`,
+    after which all is positional."""
+    spelt = []
+    for index, token in enumerate(argv):
+        if token == "--":
+            return spelt + argv[index:]
+        name, rest = re.match(r"([^.=]*)(.*)", token, re.DOTALL).groups()
+        dashed = "--" + name[2:].replace("_", "-")
+        spelt.append(dashed + rest if name.startswith("--") and "_" in name and dashed in options else token)
+    return spelt
 
 
 def _with_dotted_keys_joined(argv: list[str], json_options: Mapping[str, Callable[[str], dict[str, Any]]]

@@ -240,6 +240,27 @@ def test_vllms_dotted_keys_of_json_options_are_joined_into_their_objects():
     assert json.loads(chat.speculative_config) == {"method": "dflash"} and chat.compilation_config == {"mode": 2}
 
 
+def test_vllms_underscore_spellings_of_options_are_taken():
+    """vLLM's parser takes `--max_model_len` for --max-model-len: a vLLM command line spelt so was refused here as
+    "unrecognized arguments"."""
+    args = build_parser().parse_args([
+        "serve", "m", "--max_model_len", "4096", "--served_model_name", "a", "b", "--tensor_parallel_size", "1",
+        "--no-enable_prefix_caching", "--speculative_config.num_speculative_tokens", "4",
+        "--kv_cache_memory_bytes=1G", "--served_model_name=c"])
+    assert (args.max_model_len, args.served_model_name, args.tensor_parallel_size) == (4096, ["a", "b", "c"], 1)
+    assert args.enable_prefix_caching is False and json.loads(args.speculative_config) == {"num_speculative_tokens": 4}
+    assert args.kv_cache_memory == 1 << 30 and args.kv_cache_memory_flag == "--kv-cache-memory-bytes"
+    batch = build_parser().parse_args(["run-batch", "--input_file", "in.jsonl", "--output_file=out.jsonl", "--",
+                                       "--my_model"])
+    assert (batch.input_file, batch.output_file, batch.model) == ("in.jsonl", "out.jsonl", "--my_model")
+
+
+def test_an_underscore_spelling_of_no_option_is_left_as_typed(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "m", "--max_model_length=4096"])
+    assert "unrecognized arguments: --max_model_length=4096;" in capsys.readouterr().err
+
+
 def test_a_joined_dotted_key_goes_before_a_double_dash():
     """Joined after a `--`, the option was read as a positional argument: "unrecognized arguments"."""
     args = build_parser().parse_args(["serve", "--speculative-config.num_speculative_tokens", "4", "--", "/model"])
