@@ -106,6 +106,13 @@ def check_engine_config(config: EngineConfig) -> None:
         value = getattr(config, name)
         if value is not None and not isinstance(value, types):
             raise ConfigError(f"{name}={value!r} must be a string or None")
+    # an empty name (`dtype=os.environ.get("DTYPE", "")`) is no choice, and was taken for the default as None is
+    if config.dtype == "":
+        raise ConfigError("dtype='' is empty; pass 'bfloat16', 'float16' or 'float32', or None ('auto') for the "
+                          "device's default")
+    if config.device == "":
+        raise ConfigError("device='' is empty; pass 'cpu', 'cuda' or 'cuda:N', or None for the default (cuda when "
+                          "available)")
     if config.chat_template is not None and not Path(config.chat_template).expanduser().is_file():
         raise ConfigError(f"chat_template={str(config.chat_template)!r} is not a file; pass the path of a Jinja "
                           "template file (or None for the checkpoint's own template)")

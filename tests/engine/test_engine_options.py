@@ -40,6 +40,8 @@ from glimmer.errors import ConfigError, UnsupportedArgumentError
     ("seed", "a", "seed='a' must be an integer"),
     ("seed", 2**64, "seed=18446744073709551616 must be an integer in"),
     ("dtype", 16, "dtype=16 is not supported; pass one of \\['bfloat16', 'float16', 'float32'\\], 'auto'"),
+    ("dtype", "", "dtype='' is empty; pass 'bfloat16', 'float16' or 'float32', or None"),
+    ("device", "", "device='' is empty; pass 'cpu', 'cuda' or 'cuda:N', or None"),
     ("chat_template", "/nonexistent/template.jinja", "chat_template='/nonexistent/template.jinja' is not a file"),
     ("speculative_config", {"method": "eagle", "model": "x"}, "speculative_config.method='eagle' is not supported"),
     ("speculative_config", "{bad", "speculative_config is not valid JSON"),
