@@ -371,6 +371,11 @@ VLLM_ONLY_PROMPT_KEYS: dict[str, VllmArgument] = {
 Glimmer's do not take (PROMPT_KEYS are those it does)."""
 
 
+def _level_1_to_3(value: object) -> bool:
+    """vLLM's compilation level (or mode) 1, 2 or 3, which change no output here."""
+    return type(value) is int and 1 <= value <= 3
+
+
 _DOWNLOAD_REVISION = ("download the revision first (hf download MODEL --revision R) and pass its "
                       "directory")
 _ONE_GPU = ("Glimmer runs a model on one device (multi-GPU serving goes through an existing distributed engine); "
@@ -436,8 +441,9 @@ VLLM_ONLY_LLM_ARGUMENTS: dict[str, VllmArgument] = {
     "enable_expert_parallel": VllmArgument(_only(False), (
         "Glimmer runs a model on one device (multi-GPU serving goes through an existing distributed engine), and "
         "Muse Glimmer is dense, with no experts; leave it out")),
-    "compilation_config": VllmArgument(lambda value, given: _none_or_empty(value, given) or (
-        isinstance(value, dict) and all(key in ("level", "mode") and type(level) is int and 1 <= level <= 3
+    # vLLM's LLM takes a level alone as an int too (compilation_config=3)
+    "compilation_config": VllmArgument(lambda value, given: _none_or_empty(value, given) or _level_1_to_3(value) or (
+        isinstance(value, dict) and all(key in ("level", "mode") and _level_1_to_3(level)
                                         for key, level in value.items())), (
         "Glimmer compiles with its own settings, so vLLM's level (or mode) 1, 2 or 3 alone changes nothing, as -O1 "
         "to -O3; for level 0 (no CUDA graphs) pass enforce_eager=True (--enforce-eager)")),

@@ -310,6 +310,16 @@ def test_vllms_compilation_and_prefill_arguments_are_taken_where_they_change_no_
     assert llm.generate([1, 2, 3], SamplingParams(max_tokens=2, temperature=0))[0].outputs[0].token_ids
     with pytest.raises(UnsupportedArgumentError, match="^optimization_level: .*enforce_eager=True"):
         LLM(str(tiny_checkpoint), progress=False, optimization_level=0)
+
+
+def test_vllms_compilation_level_as_an_int_is_taken_where_it_changes_no_output(tiny_checkpoint):
+    """vLLM's LLM takes compilation_config=3 for {"level": 3}: it was refused, with a message saying that level 3
+    changes nothing."""
+    llm = LLM(str(tiny_checkpoint), progress=False, compilation_config=3)
+    assert llm.generate([1, 2, 3], SamplingParams(max_tokens=2, temperature=0))[0].outputs[0].token_ids
+    for level in (0, 4, True, 3.0):
+        with pytest.raises(UnsupportedArgumentError, match="^compilation_config: .*enforce_eager=True"):
+            LLM("/nonexistent/model/dir", progress=False, compilation_config=level)
     with pytest.raises(UnsupportedArgumentError, match="^max_num_partial_prefills: .*leave it out or 1"):
         LLM(str(tiny_checkpoint), progress=False, max_num_partial_prefills=2)
 
