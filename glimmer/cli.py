@@ -1452,7 +1452,9 @@ _VLLM_SERVE_OPTIONS: dict[str, dict[str, Any]] = {
     "--ignore-patterns": {"nargs": "+", "action": "extend", "metavar": "PATTERN"},
     "--tokenizer-pool-size": {"type": int, "metavar": "N"},
 }
-_VLLM_SHORT_OPTIONS = {"--optimization-level": "-O"}  # vLLM's -O3 is --optimization-level 3
+# vLLM's short spellings: -O3 is --optimization-level 3, -tp 1 --tensor-parallel-size 1, ...
+_VLLM_SHORT_OPTIONS = {"--optimization-level": "-O", "--tensor-parallel-size": "-tp", "--pipeline-parallel-size": "-pp",
+                       "--data-parallel-size": "-dp", "--quantization": "-q", "--api-server-count": "-asc"}
 
 
 _VLLM_SERVING_OPTIONS: dict[str, dict[str, Any]] = {
@@ -1837,7 +1839,8 @@ def build_parser() -> argparse.ArgumentParser:
         "reasoning with the model's own parser, never logs prompts, serves no /docs page), each noted at startup; "
         "another value is refused saying what to do instead")
     for flag, options in _VLLM_SERVING_OPTIONS.items():
-        vllm.add_argument(flag, default=argparse.SUPPRESS, help="vLLM's", **options)
+        short = (_VLLM_SHORT_OPTIONS[flag],) if flag in _VLLM_SHORT_OPTIONS else ()
+        vllm.add_argument(flag, *short, default=argparse.SUPPRESS, help="vLLM's", **options)
     # before the model began to load, or as it loaded: nothing serves yet, and SIGTERM ends serve with 0, as it does
     # once it serves
     serve.set_defaults(func=_serve, sigterm_stop=("glimmer: stopped by SIGTERM before serving", 0))

@@ -255,6 +255,17 @@ def test_vllms_underscore_spellings_of_options_are_taken():
     assert (batch.input_file, batch.output_file, batch.model) == ("in.jsonl", "out.jsonl", "--my_model")
 
 
+def test_vllms_short_options_are_taken_as_their_long_ones(capsys):
+    """`vllm serve MODEL -tp 1` (and -pp, -dp, -q, -asc) was refused as "unrecognized arguments"."""
+    args = build_parser().parse_args(["serve", "m", "-tp", "1", "-pp", "1", "-dp", "1", "-q", "fp8", "-asc", "1"])
+    assert (args.tensor_parallel_size, args.pipeline_parallel_size, args.data_parallel_size, args.quantization,
+            args.api_server_count) == (1, 1, 1, "fp8", 1)
+    batch = build_parser().parse_args(["run-batch", "-i", "in.jsonl", "-o", "out.jsonl", "-tp", "1"])
+    assert batch.tensor_parallel_size == 1
+    _fails_with_one_line(capsys, ["serve", "/no/such/model", "-tp", "2"], "--tensor-parallel-size 2: Glimmer runs a "
+                                                                          "model on one device")
+
+
 def test_an_underscore_spelling_of_no_option_is_left_as_typed(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "m", "--max_model_length=4096"])
