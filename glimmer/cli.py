@@ -67,8 +67,8 @@ class _ArgumentParser(argparse.ArgumentParser):
                             or action.dest == "speculative_config" for option in action.option_strings}
             options = {option for command in self.commands.values() for option in command._option_string_actions}
             try:
-                args = _with_dotted_keys_joined(
-                    _with_underscores_as_dashes(list(sys.argv[1:] if args is None else args), options), json_options)
+                spelt = _with_underscores_as_dashes(list(sys.argv[1:] if args is None else args), options)
+                args = _with_dotted_keys_joined(_with_config_file_options(spelt, self.commands), json_options)
             except UsageError as error:
                 self.error(str(error))
         parsed, extras = self.parse_known_args(args, namespace)
@@ -91,6 +91,90 @@ def _with_underscores_as_dashes(argv: list[str], options: set[str]) -> list[str]
         dashed = "--" + name[2:].replace("_", "-")
         spelt.append(dashed + rest if name.startswith("--") and "_" in name and dashed in options else token)
     return spelt
+
+
+def _with_config_file_options(argv: list[str], commands: Mapping[str, argparse.ArgumentParser]) -> list[str]:
+    """`argv` with vLLM's `--config FILE` (a YAML mapping of long option names to values, as `vllm serve --config`
+    reads it) replaced by the file's options, after which the command line's own win: an option the command line
+    gives (in any of its spellings) is left out of the file's, and so is the file's `model` where the command line
+    names one. A true value is the flag alone, a false one the flag's `--no-` form where it has one (else its
+    default), a list its items, an object its JSON, null the default. Raises UsageError naming --config for a file
+    that cannot be read, or is not such a mapping."""
+    start = 0  # the command's place: glimmer's own options may come before it (--log-level LEVEL)
+    while start < len(argv) and argv[start] not in commands:
+        start += 2 if argv[start] == "--log-level" else 1
+    command = commands.get(argv[start]) if start < len(argv) else None
+    end = argv.index("--") if "--" in argv else len(argv)
+    given = [index for index in range(start + 1, end) if argv[index].split("=", 1)[0] == "--config"]
+    if command is None or not given or "--config" not in command._option_string_actions:
+        return argv
+    if len(given) > 1:
+        raise UsageError("--config is given more than once; give one file of options")
+    index = given[0]
+    if "=" in argv[index]:
+        path, rest = argv[index].split("=", 1)[1], argv[start + 1:index] + argv[index + 1:]
+    elif index + 1 < end:
+        path, rest = argv[index + 1], argv[start + 1:index] + argv[index + 2:]
+    else:
+        raise UsageError("--config needs a value: --config FILE, a YAML file of options")
+    actions = command._option_string_actions
+    own = {actions[token.split("=", 1)[0]].dest for token in rest if token.split("=", 1)[0] in actions}
+    names_a_model = "model_option" in own or bool(_positional_arguments(rest, actions))
+    from_file = []
+    for key, value in _read_config_file(path).items():
+        name, dot, dotted = key.partition(".")  # a dotted key keeps its own underscores
+        flag = "--" + name.replace("_", "-") + dot + dotted
+        action = actions.get(flag)
+        if flag == "--config":
+            raise UsageError(f"--config {path} names another --config file; give its options in this one")
+        if value is None or (action is not None and action.dest in own) or (key == "model" and names_a_model):
+            continue
+        if isinstance(value, bool):
+            from_file += [flag] if value else [f"--no-{flag[2:]}"] * (f"--no-{flag[2:]}" in actions)
+        else:  # `--flag=value`: a value beginning with - is no option, and a list's option takes no MODEL after it
+            items = value if isinstance(value, list) else [value]
+            from_file += [f"{flag}={json.dumps(item) if isinstance(item, dict) else item}" for item in items]
+    return [*argv[:start + 1], *from_file, *rest]
+
+
+def _read_config_file(path: str) -> dict[str, Any]:
+    """The options of a --config FILE: a YAML mapping of option names to values."""
+    import yaml
+
+    try:
+        with open(Path(path).expanduser(), encoding="utf-8") as file:
+            options = yaml.safe_load(file)
+    except OSError as error:
+        raise UsageError(f"--config {path}: {error.strerror or error}; give a YAML file of options, such as "
+                         "'max-model-len: 4096' a line") from None
+    except yaml.YAMLError as error:
+        raise UsageError(f"--config {path} is not YAML ({' '.join(str(error).split())}); give a mapping of option "
+                         "names to values, such as 'max-model-len: 4096' a line") from None
+    if not isinstance(options, dict) or not all(isinstance(key, str) and key for key in options):
+        raise UsageError(f"--config {path} holds no mapping of option names to values; write one a line, such as "
+                         "'max-model-len: 4096'")
+    return options
+
+
+def _positional_arguments(tokens: list[str], actions: Mapping[str, argparse.Action]) -> list[str]:
+    """The arguments of `tokens` that no option takes as its value (MODEL), as argparse reads them."""
+    positional, index = [], 0
+    while index < len(tokens):
+        token = tokens[index]
+        index += 1
+        if token == "--":
+            return positional + tokens[index:]
+        action = actions.get(token)
+        if not token.startswith("-") or token == "-":
+            positional.append(token)
+        elif action is not None and action.nargs in ("+", "*"):
+            while index < len(tokens) and not tokens[index].startswith("-"):
+                index += 1
+        elif action is not None and action.nargs == "?":
+            index += index < len(tokens) and not tokens[index].startswith("-")
+        elif action is not None and action.nargs != 0:
+            index += 1
+    return positional
 
 
 def _with_dotted_keys_joined(argv: list[str], json_options: Mapping[str, Callable[[str], dict[str, Any]]]
@@ -1656,6 +1740,9 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
         "any other value is refused saying what to do instead")
     vllm.add_argument("--model", dest="model_option", default=None, metavar="MODEL",
                       help="vLLM's older form of MODEL (vllm serve --model NAME), taken as MODEL")
+    vllm.add_argument("--config", default=None, metavar="FILE",
+                      help="a YAML file of options, as vLLM's: one 'long-option-name: value' a line (model: MODEL "
+                           "too); the command line's own options win")
     for flag, options in _VLLM_SERVE_OPTIONS.items():
         short = (_VLLM_SHORT_OPTIONS[flag],) if flag in _VLLM_SHORT_OPTIONS else ()
         vllm.add_argument(flag, *short, default=argparse.SUPPRESS, help="vLLM's", **options)

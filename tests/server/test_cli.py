@@ -266,6 +266,50 @@ def test_vllms_short_options_are_taken_as_their_long_ones(capsys):
                                                                           "model on one device")
 
 
+def test_vllms_config_file_gives_its_options_and_the_command_line_wins(tmp_path):
+    """`vllm serve --config config.yaml` was taken as --config-format (argparse's abbreviation), refused for what
+    the config format would change."""
+    config = tmp_path / "config.yaml"
+    config.write_text("model: /models/a\nmax_model_len: 1024\nserved-model-name: [a, b]\nport: 9001\n"
+                      "enable-prefix-caching: false\nenforce-eager: true\nhf-overrides: {x: 1}\n"
+                      "speculative-config.num_speculative_tokens: 4\napi-key: -k\nseed: null\n")
+    args = build_parser().parse_args(["serve", "--config", str(config)])
+    assert (args.model_option, args.max_model_len, args.served_model_name, args.port) == ("/models/a", 1024,
+                                                                                       ["a", "b"], 9001)
+    assert (args.enable_prefix_caching, args.enforce_eager, args.hf_overrides, args.api_key, args.seed) == (
+        False, True, {"x": 1}, ["-k"], 0)
+    assert json.loads(args.speculative_config) == {"num_speculative_tokens": 4}
+    args = build_parser().parse_args(["serve", "--port", "5", "/models/b", f"--config={config}", "--served-model-name",
+                                      "c", "--enable-prefix-caching", "--speculative-config.method", "dflash"])
+    assert (args.model, args.model_option, args.port, args.served_model_name) == ("/models/b", None, 5, ["c"])
+    assert args.enable_prefix_caching is True and args.max_model_len == 1024
+    assert json.loads(args.speculative_config) == {"num_speculative_tokens": 4, "method": "dflash"}
+    args = build_parser().parse_args(["--log-level", "DEBUG", "serve", "--config", str(config)])
+    assert (args.log_level, args.model_option, args.max_model_len) == ("DEBUG", "/models/a", 1024)
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    (None, ("--config {path}: No such file or directory",)),
+    ("a: [1", ("--config {path} is not YAML",)),
+    ("- max-model-len\n", ("--config {path} holds no mapping of option names to values",)),
+    ("config: other.yaml\n", ("--config {path} names another --config file",)),
+    ("port: 1\n", ("--config is given more than once",)),
+    ("max-model-length: 5\n", ("unrecognized arguments: --max-model-length=5",)),
+])
+def test_a_config_file_that_gives_no_options_is_one_line(capsys, tmp_path, text, words):
+    from glimmer.cli import main
+
+    path = tmp_path / "config.yaml"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(SystemExit) as caught:
+        main(["serve", "--config", str(path), *["--config", str(path)] * ("more than once" in words[0])])
+    assert caught.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("glimmer: error:"), err
+    assert all(word.format(path=path) in err for word in words), err
+
+
 def test_an_underscore_spelling_of_no_option_is_left_as_typed(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "m", "--max_model_length=4096"])
