@@ -168,10 +168,10 @@ def parameter_bytes(model: nn.Module) -> int:
 
 
 def check_fits_in_host_memory(model: nn.Module, device: torch.device | str, dtype: torch.dtype, *,
-                              target: nn.Module | None = None) -> None:
+                              drafter: bool = False, target: nn.Module | None = None) -> None:
     """Raises ConfigError (one line: the size, the memory, the fix) when `model`'s weights, materialized on the
-    CPU, would exceed the physical memory plus swap this process may use; for a speculative drafter, beside its
-    `target`'s weights, loaded already. Does nothing on other devices or where the memory is unknown."""
+    CPU, would exceed the physical memory plus swap this process may use; for a speculative `drafter`, beside its
+    `target`'s weights where they are loaded already. Does nothing on other devices or where the memory is unknown."""
     if torch.device(device).type != "cpu":
         return
     memory = read_host_memory()
@@ -181,11 +181,12 @@ def check_fits_in_host_memory(model: nn.Module, device: torch.device | str, dtyp
         return
     dtype_name = str(dtype).removeprefix("torch.")
     halve = "; --dtype bfloat16 halves it" if dtype == torch.float32 else ""
-    if target is not None:
+    if drafter:
+        alongside, room_for = ("", "it") if target is None else (f" beside the model's {_size(beside)}", "both")
         raise ConfigError(
-            f"the speculative drafter's weights need {_size(needed)} as {dtype_name} on the CPU beside the model's "
-            f"{_size(beside)}, more than {memory.describe()}; serve without the drafter (leave out "
-            f"--speculative-config / speculative_config=) or use a GPU with room for both (--device cuda){halve}"
+            f"the speculative drafter's weights need {_size(needed)} as {dtype_name} on the CPU{alongside}, more than "
+            f"{memory.describe()}; serve without the drafter (leave out --speculative-config / speculative_config=) or "
+            f"use a GPU with room for {room_for} (--device cuda){halve}"
         )
     raise ConfigError(
         f"the model's weights need {_size(needed)} as {dtype_name} on the CPU, more than "
@@ -194,22 +195,24 @@ def check_fits_in_host_memory(model: nn.Module, device: torch.device | str, dtyp
     )
 
 
-def check_kv_cache_fits_in_host_memory(kv_bytes: int, models: list[nn.Module], default_for: str | None = None
-                                       ) -> None:
-    """Raises ConfigError when a KV cache of `kv_bytes` on the CPU would not fit beside `models`' weights in the
-    physical memory plus swap this process may use (the allocation would fail with an allocator's traceback, or be
-    killed later under load). `default_for` says how the default sized a cache kv_cache_memory did not give."""
+def kv_cache_room_in_host_memory(models: list[nn.Module]) -> tuple[int, HostMemory] | None:
+    """The bytes `models`' weights leave for a KV cache on the CPU of the physical memory plus swap this process may
+    use (negative where the weights alone exceed it), with that memory; None where the memory is unknown."""
     memory = read_host_memory()
     if memory is None:
+        return None
+    return memory.total_bytes - sum(parameter_bytes(model) for model in models), memory
+
+
+def check_kv_cache_fits_in_host_memory(kv_bytes: int, models: list[nn.Module]) -> None:
+    """Raises ConfigError when a KV cache of `kv_bytes` given by kv_cache_memory would not fit beside `models`'
+    weights in the physical memory plus swap this process may use (the allocation would fail with an allocator's
+    traceback, or be killed later under load)."""
+    room = kv_cache_room_in_host_memory(models)
+    if room is None or kv_bytes <= room[0]:
         return
-    weights = sum(parameter_bytes(model) for model in models)
-    room = memory.total_bytes - weights
-    if kv_bytes <= room:
-        return
-    what, fewer = f"kv_cache_memory={kv_bytes:,} bytes", ""
-    if default_for is not None:
-        what = f"the CPU's default KV cache, {kv_bytes:,} bytes ({default_for}),"
-        fewer = (", or serve fewer or shorter sequences (--max-num-seqs / max_num_seqs=, --max-model-len / "
-                 "max_model_len=)")
-    raise ConfigError(f"{what} is more than the {max(room, 0):,} bytes the weights' {_size(weights)} leave of "
-                      f"{memory.describe()}; give the KV cache less (--kv-cache-memory SIZE / kv_cache_memory=){fewer}")
+    left, memory = room
+    weights = memory.total_bytes - left
+    raise ConfigError(f"kv_cache_memory={kv_bytes:,} bytes is more than the {max(left, 0):,} bytes the weights' "
+                      f"{_size(weights)} leave of {memory.describe()}; give the KV cache less (--kv-cache-memory SIZE"
+                      " / kv_cache_memory=)")

@@ -31,7 +31,7 @@ from glimmer.checkpoint.generation_config import (
     GenerationDefaults,
     load_generation_defaults,
 )
-from glimmer.checkpoint.host_memory import check_kv_cache_fits_in_host_memory
+from glimmer.checkpoint.host_memory import check_kv_cache_fits_in_host_memory, kv_cache_room_in_host_memory
 from glimmer.checkpoint.resolve import download_drafter, resolve_checkpoint
 from glimmer.engine.bad_words import BadWordIds, bad_word_ids, banned_after
 from glimmer.engine.completion_rules import (
@@ -630,19 +630,28 @@ class LLMEngine:
             logger.warning("gpu_memory_utilization=%s sizes the KV cache on a GPU only; on the CPU give "
                            "kv_cache_memory (--kv-cache-memory SIZE) instead", self.config.gpu_memory_utilization)
         budget = min(_CPU_DEFAULT_KV_BYTES, sum(wanted[g] * per_block[g] for g in per_block))
-        # checked as a size given is: beside weights that nearly fill the memory, it would be killed under load
-        self._check_kv_cache_fits(budget, default_for=(
-            f"what max_num_seqs={self.scheduler_config.max_num_seqs} sequences of max_model_len={self.max_model_len} "
-            f"tokens need, {_CPU_DEFAULT_KV_BYTES >> 30} GiB at most"))
+        room = kv_cache_room_in_host_memory(self._weighed_models())
+        if room is not None and budget > room[0]:
+            # beside weights that nearly fill the memory the default would be killed under load: it takes what they
+            # leave, and a room too small for one sequence is refused by the plan, naming the context it holds
+            logger.warning("the CPU's default KV cache (what max_num_seqs=%d sequences of max_model_len=%d tokens "
+                           "need, %d GiB at most: %s bytes) is lowered to the %s bytes the weights leave of %s; give "
+                           "kv_cache_memory (--kv-cache-memory SIZE) to choose its size",
+                           self.scheduler_config.max_num_seqs, self.max_model_len, _CPU_DEFAULT_KV_BYTES >> 30,
+                           f"{budget:,}", f"{max(room[0], 0):,}", room[1].describe())
+            budget = max(room[0], 0)
         return budget
 
-    def _check_kv_cache_fits(self, kv_bytes: int, default_for: str | None = None) -> None:
-        """ConfigError, before anything is allocated, for a KV cache the device cannot hold: beside the weights in the
-        CPU's memory and swap, or in the GPU's free memory less the verification reserve. `default_for`: how the CPU's
-        default sized it (None: kv_cache_memory gave it)."""
+    def _weighed_models(self) -> list[torch.nn.Module]:
+        """The models whose weights share the CPU's memory with the KV cache: the model, and a drafter's."""
+        return [self.loaded.model, *([self.drafter.model] if self.drafter is not None else [])]
+
+    def _check_kv_cache_fits(self, kv_bytes: int) -> None:
+        """ConfigError, before anything is allocated, for a KV cache `kv_cache_memory` gives that the device cannot
+        hold: beside the weights in the CPU's memory and swap, or in the GPU's free memory less the verification
+        reserve."""
         if self.device.type != "cuda":
-            drafter = [self.drafter.model] if self.drafter is not None else []
-            check_kv_cache_fits_in_host_memory(kv_bytes, [self.loaded.model, *drafter], default_for=default_for)
+            check_kv_cache_fits_in_host_memory(kv_bytes, self._weighed_models())
             return
         room = device_free_bytes(self.device) - self._speculation_reserve_bytes()
         if kv_bytes > room:

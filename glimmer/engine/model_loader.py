@@ -287,7 +287,7 @@ def load_drafter(
     checkpoint.check_fits(target.text)
     with torch.device("meta"):
         model = DFlashDrafter(config).to(dtype)
-    check_fits_in_host_memory(model, device, dtype, target=target_model)
+    check_fits_in_host_memory(model, device, dtype, drafter=True, target=target_model)
     if checkpoint.files is None:
         model = model.to_empty(device=device)
         randomize_parameters_(model, seed, norm_neutral=1.0)  # every drafter norm is plain-scale (§10.1)

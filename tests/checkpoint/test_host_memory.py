@@ -5,6 +5,7 @@ In a container the memory is its cgroup's limit: the tests build a fake /proc an
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shutil
 import subprocess
@@ -16,9 +17,10 @@ import torch
 from torch import nn
 
 from glimmer.checkpoint import host_memory
+from glimmer.checkpoint.config_layouts import load_config
 from glimmer.checkpoint.host_memory import CgroupLimit, HostMemory, read_host_memory
 from glimmer.engine.llm_engine import EngineConfig, LLMEngine
-from glimmer.engine.model_loader import load_model
+from glimmer.engine.model_loader import load_drafter, load_model
 from glimmer.errors import ConfigError
 from glimmer.tiny import write_tiny_drafter
 
@@ -240,20 +242,39 @@ def test_a_kv_cache_beyond_the_cgroup_limit_less_the_weights_is_refused_naming_i
     host_memory.check_kv_cache_fits_in_host_memory(12 * GIB, weights)
 
 
-def test_the_cpu_s_default_kv_cache_beyond_what_the_weights_leave_is_refused_naming_it(tiny_checkpoint, host):
+def test_a_drafter_loaded_alone_that_does_not_fit_is_refused_as_the_drafter(tiny_checkpoint, host, tmp_path):
+    """load_drafter without the model beside it (target_model left out) was told the model's refusal ("the model's
+    weights need ...; load a smaller model") about the drafter."""
+    drafter_dir = write_tiny_drafter(tmp_path / "drafter", tiny_checkpoint)
+    host.meminfo(mem_kb=1)
+    with pytest.raises(ConfigError, match=r"^the speculative drafter's weights need \d+\.\d MiB as float32 on the CPU, "
+                                          r"more than this machine's .*; serve without the drafter .* or use a GPU "
+                                          r"with room for it \(--device cuda\)"):
+        load_drafter(drafter_dir, load_config(tiny_checkpoint), lambda: 0, progress=False)
+
+
+def test_the_cpu_s_default_kv_cache_takes_what_the_weights_leave_and_a_room_for_no_sequence_is_refused(
+        tiny_checkpoint, host, caplog):
     """A size given was weighed against the memory the weights leave; the default (up to 2 GiB) was not, so beside
-    weights that nearly fill the memory it was allocated, to be killed under load."""
+    weights that nearly fill the memory it was allocated, to be killed under load. It is lowered to the room left,
+    with a warning, where that room still holds a sequence, and refused naming the context it holds where not."""
     config = EngineConfig(str(tiny_checkpoint), progress=False, max_model_len=64, max_num_seqs=2)
     engine = LLMEngine(config)  # no /proc/meminfo yet: nothing is checked
     weights, default = host_memory.parameter_bytes(engine.loaded.model), engine._kv_budget
-    host.meminfo(mem_kb=(weights + default) // 1024 - 1)  # room for the weights, not for the cache beside them
-    expected = (f"the CPU's default KV cache, {default:,} bytes (what max_num_seqs=2 sequences of max_model_len=64 "
-                "tokens need, 2 GiB at most), is more than the ")
-    with pytest.raises(ConfigError, match=re.escape(expected) + r".*; give the KV cache less \(--kv-cache-memory SIZE"
-                                          r" / kv_cache_memory=\), or serve fewer or shorter sequences"):
-        LLMEngine(config)
     host.meminfo(mem_kb=(weights + default) // 1024 + 1)
     assert LLMEngine(config)._kv_budget == default
+    short = 10 << 10  # room for about half the default, still more than one sequence of 64 tokens needs
+    host.meminfo(mem_kb=(weights + default) // 1024 - short // 1024)
+    with caplog.at_level(logging.WARNING, logger="glimmer.engine.llm_engine"):
+        lowered = LLMEngine(config)
+    assert default - short - 1024 <= lowered._kv_budget <= default - short
+    assert re.search(rf"the CPU's default KV cache \(what max_num_seqs=2 sequences of max_model_len=64 tokens need, "
+                     rf"2 GiB at most: {default:,} bytes\) is lowered to the {lowered._kv_budget:,} bytes the weights "
+                     r"leave of .*; give kv_cache_memory \(--kv-cache-memory SIZE\)", caplog.text)
+    host.meminfo(mem_kb=weights // 1024 + 1)  # a KiB or so beside the weights: not one page of 64 tokens
+    with pytest.raises(ConfigError, match=r"the KV cache \(\d[\d,]* bytes\) cannot hold one sequence of "
+                                          r"max_model_len=64 tokens .*lower the context"):
+        LLMEngine(config)
 
 
 def test_serving_the_30b_geometry_on_a_small_cpu_fails_with_one_line(tmp_path):
