@@ -15,6 +15,7 @@ from glimmer.checkpoint.config import MAX_SIZE
 from glimmer.checkpoint.formats import COMPRESSED_TENSORS, GGUF, PICKLE, SAFETENSORS
 from glimmer.checkpoint.resolve import is_hub_id
 from glimmer.default_model import DEFAULT_DRAFTER_NAME
+from glimmer.engine.kv_planner import CPU_DEFAULT_KV_SIZING
 from glimmer.engine.sampling_params import SEED_RANGE
 from glimmer.engine.spec_decode import SpeculativeConfig, check_verification_budget
 from glimmer.errors import ConfigError
@@ -139,7 +140,7 @@ def check_engine_config(config: EngineConfig) -> None:
     if config.kv_cache_memory is not None and (not _is_int(config.kv_cache_memory) or config.kv_cache_memory <= 0):
         raise ConfigError(f"kv_cache_memory={config.kv_cache_memory!r} must be a positive number of bytes or a size "
                           "such as '8GiB' (or None: on a GPU, what gpu_memory_utilization leaves after the weights; on "
-                          "the CPU, what max_num_seqs sequences of max_model_len need, 2 GiB at most)")
+                          f"the CPU, {CPU_DEFAULT_KV_SIZING})")
     utilization = config.gpu_memory_utilization
     if isinstance(utilization, bool) or not isinstance(utilization, (int, float)) or not 0 < utilization <= 1:
         raise ConfigError(f"gpu_memory_utilization={utilization!r} must be a fraction in (0, 1]")

@@ -18,6 +18,10 @@ import torch
 from glimmer.checkpoint.config import TextConfig
 from glimmer.engine.kv_cache_manager import DRAFT, FULL, SLIDING, KVCacheLayout, blocks_needed, page_geometry
 
+CPU_DEFAULT_KV_BYTES = 2 << 30
+CPU_DEFAULT_KV_SIZING = f"what max_num_seqs sequences of max_model_len need, {CPU_DEFAULT_KV_BYTES >> 30} GiB at most"
+"""The CPU's KV cache where kv_cache_memory gives none (a GPU's takes the free memory), and how it is sized."""
+
 
 @dataclass(frozen=True)
 class DraftKV:

@@ -50,6 +50,8 @@ from glimmer.engine.fork_guard import check_not_forked, mark_model_started
 from glimmer.engine.grammar import ControllerFactory, GrammarCompiler, GrammarMasks
 from glimmer.engine.kv_cache_manager import KVCacheLayout, KVCacheManager, page_geometry
 from glimmer.engine.kv_planner import (
+    CPU_DEFAULT_KV_BYTES,
+    CPU_DEFAULT_KV_SIZING,
     DraftKV,
     KVDemand,
     block_bytes,
@@ -99,7 +101,6 @@ def warn_of_default_repetition_penalty(defaults: GenerationDefaults, penalized: 
 
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_CPU_DEFAULT_KV_BYTES = 2 << 30
 _REPLAN_MARGIN_BYTES = 256 << 20  # taken off a KV cache sized again beyond the shortfall (`_working_shortfall`)
 # left out of a GPU's first KV cache sizing for the kernels its first steps load (CUDA loads a kernel's module at its
 # first launch, outside PyTorch's allocator): the 30B's start-up on an H200 kept 0.02-0.07 GiB beyond its plan for it
@@ -581,7 +582,7 @@ class LLMEngine:
             reserved = self._speculation_reserve_bytes()
             spec_note = (f" after {reserved:,} bytes set aside for verifying {self.num_speculative_tokens} proposed "
                          f"tokens of up to max_num_seqs={self.scheduler_config.max_num_seqs} sequences"
-                         if reserved and self.config.kv_cache_memory is None and self.device.type == "cuda" else "")
+                         if reserved and self._kv_sized_by_free_gpu_memory else "")
             # a block bigger than the context is mostly empty: where the budget holds the context's keys and values,
             # the block size is what does not fit
             oversized = f"lower block_size={bs} (a block larger than max_model_len is mostly empty), " if (
@@ -597,10 +598,15 @@ class LLMEngine:
             )
         return layout
 
+    @property
+    def _kv_sized_by_free_gpu_memory(self) -> bool:
+        """Whether the GPU's free memory sizes the KV cache: on a GPU, where kv_cache_memory gives no size."""
+        return self.config.kv_cache_memory is None and self.device.type == "cuda"
+
     def _more_kv_cache_fix(self) -> str:
         """How to give the KV cache more bytes, for a refusal: `kv_cache_memory` where it was given or the CPU's default
         sized the cache (gpu_memory_utilization sizes a GPU's alone, and only where kv_cache_memory is not given)."""
-        if self.config.kv_cache_memory is not None or self.device.type != "cuda":
+        if not self._kv_sized_by_free_gpu_memory:
             return ("or give the KV cache more: --kv-cache-memory SIZE on the command line, kv_cache_memory= in "
                     "LLM(...) / EngineConfig(...)")
         return ("free device memory, or give the KV cache more: --kv-cache-memory SIZE or --gpu-memory-utilization on "
@@ -629,16 +635,16 @@ class LLMEngine:
         if self.config.gpu_memory_utilization != EngineConfig.gpu_memory_utilization:
             logger.warning("gpu_memory_utilization=%s sizes the KV cache on a GPU only; on the CPU give "
                            "kv_cache_memory (--kv-cache-memory SIZE) instead", self.config.gpu_memory_utilization)
-        budget = min(_CPU_DEFAULT_KV_BYTES, sum(wanted[g] * per_block[g] for g in per_block))
+        budget = min(CPU_DEFAULT_KV_BYTES, sum(wanted[g] * per_block[g] for g in per_block))
         room = kv_cache_room_in_host_memory(self._weighed_models())
         if room is not None and budget > room[0]:
             # beside weights that nearly fill the memory the default would be killed under load: it takes what they
             # leave, and a room too small for one sequence is refused by the plan, naming the context it holds
-            logger.warning("the CPU's default KV cache (what max_num_seqs=%d sequences of max_model_len=%d tokens "
-                           "need, %d GiB at most: %s bytes) is lowered to the %s bytes the weights leave of %s; give "
-                           "kv_cache_memory (--kv-cache-memory SIZE) to choose its size",
-                           self.scheduler_config.max_num_seqs, self.max_model_len, _CPU_DEFAULT_KV_BYTES >> 30,
-                           f"{budget:,}", f"{max(room[0], 0):,}", room[1].describe())
+            logger.warning("the CPU's default KV cache (%s: %s bytes for max_num_seqs=%d, max_model_len=%d) is "
+                           "lowered to the %s bytes the weights leave of %s; give kv_cache_memory (--kv-cache-memory "
+                           "SIZE) to choose its size", CPU_DEFAULT_KV_SIZING, f"{budget:,}",
+                           self.scheduler_config.max_num_seqs, self.max_model_len, f"{max(room[0], 0):,}",
+                           room[1].describe())
             budget = max(room[0], 0)
         return budget
 

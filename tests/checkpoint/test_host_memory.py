@@ -268,9 +268,10 @@ def test_the_cpu_s_default_kv_cache_takes_what_the_weights_leave_and_a_room_for_
     with caplog.at_level(logging.WARNING, logger="glimmer.engine.llm_engine"):
         lowered = LLMEngine(config)
     assert default - short - 1024 <= lowered._kv_budget <= default - short
-    assert re.search(rf"the CPU's default KV cache \(what max_num_seqs=2 sequences of max_model_len=64 tokens need, "
-                     rf"2 GiB at most: {default:,} bytes\) is lowered to the {lowered._kv_budget:,} bytes the weights "
-                     r"leave of .*; give kv_cache_memory \(--kv-cache-memory SIZE\)", caplog.text)
+    assert re.search(rf"the CPU's default KV cache \(what max_num_seqs sequences of max_model_len need, 2 GiB at "
+                     rf"most: {default:,} bytes for max_num_seqs=2, max_model_len=64\) is lowered to the "
+                     rf"{lowered._kv_budget:,} bytes the weights leave of .*; give kv_cache_memory "
+                     r"\(--kv-cache-memory SIZE\)", caplog.text)
     host.meminfo(mem_kb=weights // 1024 + 1)  # a KiB or so beside the weights: not one page of 64 tokens
     with pytest.raises(ConfigError, match=r"the KV cache \(\d[\d,]* bytes\) cannot hold one sequence of "
                                           r"max_model_len=64 tokens .*lower the context"):
