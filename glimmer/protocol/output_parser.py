@@ -129,6 +129,8 @@ class OutputParser:
 
         self._reasoning_seen = False
         self._reasoning_block_has_text = False
+        self._message_has_text = False  # the open reasoning or content message delivered text: it has an output
+        self._calls_before_message = 0  # the calls started before the open message
         self._reasoning_span_start = 0
         self._closed_reasoning_spans: list[tuple[int, int]] = []
         self._content_spans: list[tuple[int, int]] = []
@@ -141,6 +143,7 @@ class OutputParser:
             # The body started in the prompt: the reply starts where a headerless switch may stand (P-HDR-7) only when
             # the prefix is empty or ends in whitespace
             self._at_body_start = not continue_prefix or continue_prefix[-1].isspace()
+            self._message_has_text = bool(continue_prefix)
             if self._channel == "reasoning" and continue_prefix:
                 # the prefix is the reasoning block's text: the next block joins it with a newline (P-CHAN-4)
                 self._reasoning_seen = self._reasoning_block_has_text = True
@@ -163,7 +166,8 @@ class OutputParser:
     def channel_at_finish(self) -> OpenChannel | None:
         """After `finish`: the class of the message the output ended inside (a limit or an abort cut it before its
         terminator; an unfinished turn-start header counts as the content it is delivered as, P-HDR-6); None when
-        it ended between messages or inside a later message's header, every message before it whole."""
+        it ended between messages, inside a later message's header, or inside a message that had delivered nothing
+        yet (no text, no call), every message before it whole."""
         return self._channel_at_finish
 
     @property
@@ -266,8 +270,13 @@ class OutputParser:
         in_turn_start_header = self._mode is _HEADER and not self._header_is_real
         self._run(self._buffer, final=True)
         # an unfinished turn-start header is delivered as the content it then is (P-HDR-6)
-        self._channel_at_finish = "content" if in_turn_start_header else self.channel
+        channel = "content" if in_turn_start_header else self.channel
         self._end_body(self._fed)
+        # a message cut before it delivered anything (no text yet, no call started) cut no output: what came before
+        # it was whole
+        cut_nothing = (channel == "tool" and self._ledger.count == self._calls_before_message) or (
+            channel in ("reasoning", "content") and not in_turn_start_header and not self._message_has_text)
+        self._channel_at_finish = None if cut_nothing else channel
         for kind, text in (("reasoning", self._reasoning_text), ("content", self._content_text)):
             held = text.flush()
             if held:
@@ -438,6 +447,8 @@ class OutputParser:
     def _open_message(self, channel: Channel, recipient: str | None, start_offset: int) -> None:
         self._channel = channel
         self._message_unmarked = self._mark_messages and channel in ("reasoning", "content")
+        self._message_has_text = False
+        self._calls_before_message = self._ledger.count
         self._at_body_start = True
         self._dropped_characters = 0
         if channel == "reasoning":
@@ -491,6 +502,8 @@ class OutputParser:
         if self._message_unmarked:  # sent with the message's first text: an empty message makes no event
             self._message_unmarked = False
             self._events.append(["message", channel])
+        if channel in ("reasoning", "content"):
+            self._message_has_text = True
         if channel == "reasoning":
             if not self._reasoning_block_has_text:
                 # P-CHAN-4: reasoning blocks are joined by one newline, sent with the next block's first text.

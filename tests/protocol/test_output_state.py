@@ -1,5 +1,7 @@
 """Parser state the engine reads while generating (P-REQ-4, P-REQ-6, P-REQ-7, P-API-5, P-TMPL-8)."""
 
+import itertools
+
 import pytest
 from protocol_support import CALENDAR_TOOLS, atem, calls, parse_all_ways, tool_message
 
@@ -64,7 +66,7 @@ def test_channel_at_finish_names_the_message_a_cut_fell_inside_and_none_between_
         " to=self<|message|>thi": "reasoning",
         " to=self<|message|>think<|eom|>": None,
         TURN[: call + len("<|start|>assistant to=cal")]: None,  # a later header, cut: the reasoning was whole
-        TURN[: TURN.index("Fri")]: "tool",
+        TURN[: TURN.index("</atem:invoke>")]: "tool",  # the call started with its parameter: its arguments were cut
         TURN[: TURN.index("Answer.") + 3]: "content",
         TURN: None,
     }
@@ -75,6 +77,24 @@ def test_channel_at_finish_names_the_message_a_cut_fell_inside_and_none_between_
                 parser.feed(chunk)
             parser.finish()
             assert parser.channel_at_finish == channel, text
+
+
+def test_a_cut_inside_a_message_that_delivered_nothing_yet_leaves_channel_at_finish_none():
+    """A cut right after a later message's header, before its first text (or inside a tool message before its call
+    started, the parameter not yet complete), cut no output: the Responses API marked the item of the message
+    before it `incomplete`, a whole answer or call, though that message had ended."""
+    second_reasoning = TURN.index("again")
+    cuts = [TURN[:second_reasoning],  # the body of a later reasoning message opened, no text yet
+            TURN[: TURN.index("Answer.")],  # the same for the answer
+            TURN[: TURN.index("Fri")],  # inside the tool message's invoke, no parameter complete: no call started
+            " to=user<|message|>First.<|eom|><|start|>assistant to=user<|message|>"]
+    for text, mark_messages in itertools.product(cuts, (False, True)):
+        for chunks in ([text], list(text)):
+            parser = OutputParser(CALENDAR_TOOLS, mark_messages=mark_messages)
+            for chunk in chunks:
+                parser.feed(chunk)
+            parser.finish()
+            assert parser.channel_at_finish is None, text
 
 
 def test_reasoning_spans_run_from_header_start_or_turn_start_through_the_terminator():

@@ -1707,3 +1707,31 @@ def test_a_turn_cut_while_reasoning_is_rendered_back_as_its_reasoning_alone(serv
     assert runner.prompts[-1] == asked + turn + "<|start|>user<|message|>[greet] Thanks<|eot|><|start|>assistant"
     _create(client, input=[{"role": "user", "content": "[greet] Hello!"}, *first.output])
     assert runner.prompts[-1] == asked + turn + "<|start|>assistant"
+
+
+def _tokens_of(server, transcript: str, prefix: str) -> int:
+    """How many of `transcript`'s tokens spell `prefix`: a max_output_tokens that cuts the turn right after it."""
+    tokenizer = server.engine.engine.tokenizer
+    ids = tokenizer.encode(transcript)
+    return next(n for n in range(len(ids) + 1) if tokenizer.decode(ids[:n]) == prefix)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(("key", "transcript", "cut_before", "tools"), [
+    ("[two-answers]", " to=user<|message|>First.<|eom|><|start|>assistant to=user<|message|>Second.<|eot|>",
+     "Second.", None),
+    ("[two-cities]", TWO_CITIES, '<atem:parameter name="city">Oslo', [WEATHER_TOOL]),
+], ids=["answers", "calls"])
+def test_a_cut_in_the_next_message_before_it_wrote_anything_leaves_the_item_before_it_completed(
+        server, client, stream, key, transcript, cut_before, tools):
+    """README: items whose message had ended stay `completed`. max_output_tokens ending the output right after the
+    next message's header (no text yet), or inside the next call's message before its call started, marked the
+    item of the message before it `incomplete`, a whole answer or call a client may then drop."""
+    server.engine.engine.runner.add(key, transcript)
+    cut = transcript.rindex(cut_before)
+    fields = {"input": f"{key} hi", "max_output_tokens": _tokens_of(server, transcript, transcript[:cut])}
+    if tools:
+        fields["tools"] = tools
+    response = list(_create(client, **fields, stream=True))[-1].response if stream else _create(client, **fields)
+    assert response.status == "incomplete"
+    assert [item.status for item in response.output] == ["completed"]
