@@ -195,13 +195,22 @@ def check_fits_in_host_memory(model: nn.Module, device: torch.device | str, dtyp
     )
 
 
-def kv_cache_room_in_host_memory(models: list[nn.Module]) -> tuple[int, HostMemory] | None:
-    """The bytes `models`' weights leave for a KV cache on the CPU of the physical memory plus swap this process may
-    use (negative where the weights alone exceed it), with that memory; None where the memory is unknown."""
+@dataclass(frozen=True)
+class KVCacheRoom:
+    """What `models`' weights leave for a KV cache on the CPU of the physical memory plus swap this process may use."""
+
+    bytes: int  # negative where the weights alone exceed the memory
+    weights: int
+    memory: HostMemory
+
+
+def kv_cache_room_in_host_memory(models: list[nn.Module]) -> KVCacheRoom | None:
+    """The room `models`' weights leave for a KV cache on the CPU; None where the memory is unknown."""
     memory = read_host_memory()
     if memory is None:
         return None
-    return memory.total_bytes - sum(parameter_bytes(model) for model in models), memory
+    weights = sum(parameter_bytes(model) for model in models)
+    return KVCacheRoom(memory.total_bytes - weights, weights, memory)
 
 
 def check_kv_cache_fits_in_host_memory(kv_bytes: int, models: list[nn.Module]) -> None:
@@ -209,10 +218,8 @@ def check_kv_cache_fits_in_host_memory(kv_bytes: int, models: list[nn.Module]) -
     weights in the physical memory plus swap this process may use (the allocation would fail with an allocator's
     traceback, or be killed later under load)."""
     room = kv_cache_room_in_host_memory(models)
-    if room is None or kv_bytes <= room[0]:
+    if room is None or kv_bytes <= room.bytes:
         return
-    left, memory = room
-    weights = memory.total_bytes - left
-    raise ConfigError(f"kv_cache_memory={kv_bytes:,} bytes is more than the {max(left, 0):,} bytes the weights' "
-                      f"{_size(weights)} leave of {memory.describe()}; give the KV cache less (--kv-cache-memory SIZE"
-                      " / kv_cache_memory=)")
+    raise ConfigError(f"kv_cache_memory={kv_bytes:,} bytes is more than the {max(room.bytes, 0):,} bytes the weights' "
+                      f"{_size(room.weights)} leave of {room.memory.describe()}; give the KV cache less "
+                      "(--kv-cache-memory SIZE / kv_cache_memory=)")

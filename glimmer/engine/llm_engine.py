@@ -101,6 +101,8 @@ def warn_of_default_repetition_penalty(defaults: GenerationDefaults, penalized: 
 
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# left beside a CPU default KV cache lowered to the room the weights leave: the steps' activations, tokenizer, Python
+_CPU_HEADROOM_BYTES = 1 << 30
 _REPLAN_MARGIN_BYTES = 256 << 20  # taken off a KV cache sized again beyond the shortfall (`_working_shortfall`)
 # left out of a GPU's first KV cache sizing for the kernels its first steps load (CUDA loads a kernel's module at its
 # first launch, outside PyTorch's allocator): the 30B's start-up on an H200 kept 0.02-0.07 GiB beyond its plan for it
@@ -637,15 +639,17 @@ class LLMEngine:
                            "kv_cache_memory (--kv-cache-memory SIZE) instead", self.config.gpu_memory_utilization)
         budget = min(CPU_DEFAULT_KV_BYTES, sum(wanted[g] * per_block[g] for g in per_block))
         room = kv_cache_room_in_host_memory(self._weighed_models())
-        if room is not None and budget > room[0]:
-            # beside weights that nearly fill the memory the default would be killed under load: it takes what they
-            # leave, and a room too small for one sequence is refused by the plan, naming the context it holds
+        if room is not None and budget > room.bytes - _CPU_HEADROOM_BYTES:
+            # beside weights that nearly fill the memory the default's pages, zero-filled at start, would pass it: it
+            # takes what they leave less a margin for the steps, and a room too small for one sequence is refused by
+            # the plan, naming the context it holds
+            lowered = max(room.bytes - _CPU_HEADROOM_BYTES, 0)
             logger.warning("the CPU's default KV cache (%s: %s bytes for max_num_seqs=%d, max_model_len=%d) is "
-                           "lowered to the %s bytes the weights leave of %s; give kv_cache_memory (--kv-cache-memory "
-                           "SIZE) to choose its size", CPU_DEFAULT_KV_SIZING, f"{budget:,}",
-                           self.scheduler_config.max_num_seqs, self.max_model_len, f"{max(room[0], 0):,}",
-                           room[1].describe())
-            budget = max(room[0], 0)
+                           "lowered to %s bytes: the weights leave %s bytes of %s, less %d MiB for the steps; give "
+                           "kv_cache_memory (--kv-cache-memory SIZE) to choose its size", CPU_DEFAULT_KV_SIZING,
+                           f"{budget:,}", self.scheduler_config.max_num_seqs, self.max_model_len, f"{lowered:,}",
+                           f"{max(room.bytes, 0):,}", room.memory.describe(), _CPU_HEADROOM_BYTES >> 20)
+            budget = lowered
         return budget
 
     def _weighed_models(self) -> list[torch.nn.Module]:

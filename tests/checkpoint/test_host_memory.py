@@ -19,6 +19,7 @@ from torch import nn
 from glimmer.checkpoint import host_memory
 from glimmer.checkpoint.config_layouts import load_config
 from glimmer.checkpoint.host_memory import CgroupLimit, HostMemory, read_host_memory
+from glimmer.engine import llm_engine
 from glimmer.engine.llm_engine import EngineConfig, LLMEngine
 from glimmer.engine.model_loader import load_drafter, load_model
 from glimmer.errors import ConfigError
@@ -99,7 +100,7 @@ def test_a_drafter_that_fits_alone_but_not_beside_the_model_is_refused_before_it
                                           r"beside the model's \d+\.\d MiB, more than this machine's .*; serve "
                                           r"without the drafter \(leave out --speculative-config"):
         LLMEngine(config)
-    host.meminfo(mem_kb=(target + drafter + engine._kv_budget) // 1024 + 1)  # the KV cache is weighed beside them
+    host.meminfo(mem_kb=(target + drafter + engine._kv_budget + llm_engine._CPU_HEADROOM_BYTES) // 1024 + 1)
     assert LLMEngine(config).drafter is not None
 
 
@@ -256,23 +257,25 @@ def test_a_drafter_loaded_alone_that_does_not_fit_is_refused_as_the_drafter(tiny
 def test_the_cpu_s_default_kv_cache_takes_what_the_weights_leave_and_a_room_for_no_sequence_is_refused(
         tiny_checkpoint, host, caplog):
     """A size given was weighed against the memory the weights leave; the default (up to 2 GiB) was not, so beside
-    weights that nearly fill the memory it was allocated, to be killed under load. It is lowered to the room left,
-    with a warning, where that room still holds a sequence, and refused naming the context it holds where not."""
+    weights that nearly fill the memory it was allocated, to be killed under load. It is lowered to the room left less
+    a margin for the steps, with a warning, where that still holds a sequence, and refused naming the context it
+    holds where not."""
     config = EngineConfig(str(tiny_checkpoint), progress=False, max_model_len=64, max_num_seqs=2)
     engine = LLMEngine(config)  # no /proc/meminfo yet: nothing is checked
     weights, default = host_memory.parameter_bytes(engine.loaded.model), engine._kv_budget
-    host.meminfo(mem_kb=(weights + default) // 1024 + 1)
+    headroom = llm_engine._CPU_HEADROOM_BYTES
+    host.meminfo(mem_kb=(weights + default + headroom) // 1024 + 1)
     assert LLMEngine(config)._kv_budget == default
     short = 10 << 10  # room for about half the default, still more than one sequence of 64 tokens needs
-    host.meminfo(mem_kb=(weights + default) // 1024 - short // 1024)
+    host.meminfo(mem_kb=(weights + default + headroom - short) // 1024)
     with caplog.at_level(logging.WARNING, logger="glimmer.engine.llm_engine"):
         lowered = LLMEngine(config)
     assert default - short - 1024 <= lowered._kv_budget <= default - short
     assert re.search(rf"the CPU's default KV cache \(what max_num_seqs sequences of max_model_len need, 2 GiB at "
-                     rf"most: {default:,} bytes for max_num_seqs=2, max_model_len=64\) is lowered to the "
-                     rf"{lowered._kv_budget:,} bytes the weights leave of .*; give kv_cache_memory "
-                     r"\(--kv-cache-memory SIZE\)", caplog.text)
-    host.meminfo(mem_kb=weights // 1024 + 1)  # a KiB or so beside the weights: not one page of 64 tokens
+                     rf"most: {default:,} bytes for max_num_seqs=2, max_model_len=64\) is lowered to "
+                     rf"{lowered._kv_budget:,} bytes: the weights leave [\d,]+ bytes of .*, less 1024 MiB for the "
+                     r"steps; give kv_cache_memory \(--kv-cache-memory SIZE\)", caplog.text)
+    host.meminfo(mem_kb=(weights + headroom) // 1024 + 1)  # a KiB or so beside the margin: not one page of 64 tokens
     with pytest.raises(ConfigError, match=r"the KV cache \(\d[\d,]* bytes\) cannot hold one sequence of "
                                           r"max_model_len=64 tokens .*lower the context"):
         LLMEngine(config)
