@@ -228,7 +228,8 @@ class LLMTokenizer:
         return [self.tokenizer.require_token_id(token) for token in self.all_special_tokens]
 
     def encode(self, text: str, add_special_tokens: bool = True, *, padding: bool | str = False,
-               truncation: bool | str = False, max_length: int | None = None, return_tensors: str | None = None) -> Any:
+               truncation: bool | str | None = None, max_length: int | None = None,
+               return_tensors: str | None = None) -> Any:
         """Token ids of `text`, BOS first unless `add_special_tokens=False` (as transformers' `encode`); `padding`,
         `truncation`, `max_length` and `return_tensors` as in `__call__` (a tensor has a batch axis, as there)."""
         if not isinstance(text, str):
@@ -237,21 +238,24 @@ class LLMTokenizer:
             # transformers' second positional argument is text_pair: `tok(a, b)` means a pair there
             raise TypeError(f"add_special_tokens must be True or False, not {add_special_tokens!r}; a second text "
                             "(transformers' text_pair) is not supported: encode the texts one by one")
-        if padding is False and truncation is False and return_tensors is None:
+        if padding is False and truncation in (None, False) and max_length is None and return_tensors is None:
             return self.tokenizer.encode_input_text(text, add_special_tokens=add_special_tokens)
         return self(text, add_special_tokens, padding=padding, truncation=truncation, max_length=max_length,
                     return_tensors=return_tensors)["input_ids"]
 
     def __call__(self, text: str | list[str], add_special_tokens: bool = True, *, padding: bool | str = False,
-                 truncation: bool | str = False, max_length: int | None = None,
+                 truncation: bool | str | None = None, max_length: int | None = None,
                  return_tensors: str | None = None) -> ChatEncoding:
         """{"input_ids": ids, "attention_mask": mask} of a text, or lists of them for a list of texts, as transformers'
         call: `padding` (True or 'longest', 'max_length') pads with the pad token on `padding_side`, `truncation=True`
-        cuts on `truncation_side` to `max_length` (or `model_max_length`), `return_tensors` 'pt' or 'np' gives
-        tensors with a batch axis. The result's keys read as attributes too (`enc.input_ids`). Raises RequestError
-        (a ValueError) naming the argument for a value transformers refuses or Glimmer does not support (as
-        `apply_chat_template`)."""
+        cuts on `truncation_side` to `max_length` (or `model_max_length`), as does a `max_length` given without
+        `padding` or `truncation` (as transformers' default; `truncation=False` keeps every token), `return_tensors`
+        'pt' or 'np' gives tensors with a batch axis. The result's keys read as attributes too (`enc.input_ids`).
+        Raises RequestError (a ValueError) naming the argument for a value transformers refuses or Glimmer does not
+        support (as `apply_chat_template`)."""
         texts = list(text) if isinstance(text, list | tuple) else [text]
+        if truncation is None:  # transformers: a max_length given alone cuts to it
+            truncation = max_length is not None and padding is False
         shape = OutputShape(padding, truncation, max_length, return_tensors, return_dict=True)
         limit = shape.truncation_limit(self.model_max_length)
         ids = [self._encoded_within(t, add_special_tokens, limit) for t in texts]

@@ -418,7 +418,8 @@ def test_an_extra_special_token_outside_the_vocabulary_is_refused(tiny_checkpoin
 @pytest.mark.parametrize("arguments", [dict(padding=True), dict(padding="max_length", max_length=12),
                                        dict(truncation=True, max_length=3), dict(padding=True, return_tensors="pt"),
                                        dict(padding="longest", truncation=True, max_length=4, return_tensors="np"),
-                                       dict(add_special_tokens=False, padding=True)])
+                                       dict(add_special_tokens=False, padding=True), dict(max_length=2),
+                                       dict(max_length=2, truncation=False), dict(max_length=2, padding="do_not_pad")])
 @pytest.mark.parametrize("side", ["right", "left"])
 def test_calling_the_tokenizer_pads_and_truncates_as_transformers(llm, hf, arguments, side):
     """`tok(texts, padding=True, return_tensors="pt")` raised TypeError (unexpected keyword argument); it pads and cuts
@@ -436,6 +437,17 @@ def test_calling_the_tokenizer_pads_and_truncates_as_transformers(llm, hf, argum
             assert (ours[key].tolist() if hasattr(ours[key], "tolist") else ours[key]) == \
                 (theirs[key].tolist() if hasattr(theirs[key], "tolist") else theirs[key]), key
     tok.padding_side = tok.truncation_side = "right"
+
+
+@pytest.mark.parametrize("arguments", [dict(max_length=3), dict(max_length=3, truncation=False),
+                                       dict(max_length=3, return_tensors="pt")])
+def test_encode_with_max_length_alone_cuts_to_it_as_transformers(llm, hf, arguments):
+    """`encode(text, max_length=3)` returned every token, where transformers (whose `truncation` defaults to None)
+    cuts to max_length unless `truncation=False` says otherwise."""
+    ours, theirs = llm.get_tokenizer().encode("Hello the world", **arguments), hf.encode("Hello the world", **arguments)
+    assert type(ours) is type(theirs)
+    assert (ours.tolist() if hasattr(ours, "tolist") else ours) == \
+        (theirs.tolist() if hasattr(theirs, "tolist") else theirs)
 
 
 def test_apply_chat_template_pads_on_the_tokenizers_side(llm, hf):
