@@ -8,6 +8,7 @@ import operator
 from collections.abc import Callable, Mapping
 from collections.abc import Sequence as SequenceABC
 from dataclasses import replace
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from tokenizers import AddedToken
@@ -343,6 +344,37 @@ class LLMTokenizer:
 
     def get_vocab(self) -> dict[str, int]:
         return self.tokenizer.get_vocab()
+
+    @cached_property
+    def max_token_id(self) -> int:
+        """The largest token id, as on vLLM's tokenizer (`get_tokenizer()` there): the vocabulary's largest id, or
+        `vocab_size` where that is larger. Found once, as vLLM caches it (the vocabulary does not change)."""
+        return max(max(self.get_vocab().values()), self.vocab_size)
+
+    @property
+    def max_chars_per_token(self) -> int:
+        """The most characters of one vocabulary entry (added tokens included), as on vLLM's tokenizer."""
+        return self.tokenizer.max_token_chars
+
+    def num_special_tokens_to_add(self, pair: bool = False) -> int:
+        """How many ids `encode(text)` adds around a text's own (BOS), as transformers' and vLLM's call. Raises
+        ValueError for `pair=True`: text pairs are not supported (`encode` takes one text)."""
+        if pair:
+            raise ValueError("num_special_tokens_to_add(pair=True): text pairs are not supported; encode the texts "
+                             "one by one (num_special_tokens_to_add() counts what each gets)")
+        return len(self.encode(""))
+
+    def get_chat_template(self, chat_template: str | None = None, tools: list[dict[str, Any]] | None = None) -> str:
+        """The source of the template `apply_chat_template(chat_template=...)` renders with, as transformers' and
+        vLLM's call: the checkpoint's (or the one LLM was given) for None, the checkpoint's named template of that
+        name, else `chat_template` itself. `tools` selects no other template (Glimmer renders a chat with tools with
+        the same one). Raises TypeError for a `chat_template` that is no string."""
+        if chat_template is None:
+            return self.chat_template
+        if not isinstance(chat_template, str):
+            raise TypeError(f"chat_template must be a template's source or the name of one of the checkpoint's "
+                            f"templates (a string), not {type(chat_template).__name__}")
+        return self._engine.named_chat_templates.get(chat_template, chat_template)
 
     @property
     def model_input_names(self) -> list[str]:

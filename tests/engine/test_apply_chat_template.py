@@ -42,6 +42,8 @@ def test_a_chat_template_naming_one_of_the_checkpoints_templates_renders_with_it
     hf = AutoTokenizer.from_pretrained(named_templates_checkpoint)
     text = assert_as_transformers(llm.get_tokenizer(), hf, [USER], chat_template=name, add_generation_prompt=True)
     assert ("<|message|>RAG:hi" in text) == (name == "rag")
+    assert llm.get_tokenizer().get_chat_template(name) == hf.get_chat_template(name)
+    assert llm.get_tokenizer().get_chat_template() == hf.get_chat_template()
     # a name the checkpoint lacks is a template's source, as transformers' get_chat_template takes it
     assert llm.get_tokenizer().apply_chat_template([USER], chat_template="summary", tokenize=False) == "summary" == \
         hf.apply_chat_template([USER], chat_template="summary", tokenize=False)

@@ -105,6 +105,22 @@ def hf(tiny_checkpoint):
     return AutoTokenizer.from_pretrained(tiny_checkpoint)
 
 
+def test_get_tokenizer_has_the_members_of_vllms_tokenizer_as_vllm_computes_them(llm, hf):
+    """`max_token_id`, `max_chars_per_token`, `num_special_tokens_to_add()` and `get_chat_template()`, which vLLM's
+    `get_tokenizer()` offers (its TokenizerLike), were AttributeErrors; they answer as vLLM's cached tokenizer and
+    transformers' do."""
+    tok, vocab = llm.get_tokenizer(), hf.get_vocab()
+    assert tok.max_token_id == max(max(vocab.values()), hf.vocab_size) == len(hf) - 1
+    assert tok.max_chars_per_token == max(len(token) for token in vocab)
+    assert tok.num_special_tokens_to_add() == hf.num_special_tokens_to_add() == len(tok.encode("")) == 1
+    with pytest.raises(ValueError, match=r"pair=True\): text pairs are not supported"):
+        tok.num_special_tokens_to_add(pair=True)
+    assert tok.get_chat_template() == hf.get_chat_template() == tok.chat_template
+    assert tok.get_chat_template("{{ messages }}") == hf.get_chat_template("{{ messages }}")
+    with pytest.raises(TypeError, match="^chat_template must be a template's source"):
+        tok.get_chat_template(5)
+
+
 def test_batch_decode_and_decode_take_what_transformers_takes(llm, hf):
     """`batch_decode` was missing (an AttributeError naming `Tokenizer`); both take ids as transformers 5 does."""
     tok = llm.get_tokenizer()
