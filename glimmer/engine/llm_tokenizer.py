@@ -39,6 +39,37 @@ if TYPE_CHECKING:
 _SETTABLE = ("model_max_length", "padding_side", "truncation_side", "pad_token", "pad_token_id")
 """The attributes a script may set on `LLMTokenizer`, as on transformers' tokenizer."""
 
+_BACKEND = "tokenizers.Tokenizer.from_file(str(tok.tokenizer_file))"
+_NO_NEW_TOKENS = ("Glimmer adds no tokens: the vocabulary is the checkpoint's tokenizer.json, which the model's "
+                  "embedding rows match")
+TRANSFORMERS_ONLY_ATTRIBUTES: dict[str, str] = {
+    "backend_tokenizer": f"the checkpoint's `tokenizers` tokenizer is {_BACKEND} (where that is its tokenizer.json)",
+    "decoder": f"the checkpoint's decoder is {_BACKEND}.decoder",
+    "init_kwargs": "tokenizer_config.json's fields are json.loads(tok.tokenizer_file.with_name("
+                   "'tokenizer_config.json').read_text())",
+    "add_bos_token": "what encode() adds around a text is tok.encode('') (tokenizer.json's post-processor decides)",
+    "add_eos_token": "what encode() adds around a text is tok.encode('') (tokenizer.json's post-processor decides)",
+    "clean_up_tokenization_spaces": "decode() and batch_decode() take clean_up_tokenization_spaces=; None (their "
+                                    "default) follows tokenizer_config.json",
+    "max_len_single_sentence": "it is tok.model_max_length - tok.num_special_tokens_to_add()",
+    "max_len_sentences_pair": "text pairs are not supported; encode the texts one by one",
+    "pad": "tok(texts, padding=True) pads as it encodes (padding_side as tok.padding_side)",
+    "encode_plus": "call the tokenizer: tok(text) (transformers 5 has no encode_plus either)",
+    "batch_encode_plus": "call the tokenizer: tok(texts) (transformers 5 has no batch_encode_plus either)",
+    "get_special_tokens_mask": "it is [int(i in tok.all_special_ids) for i in ids]",
+    "additional_special_tokens": "transformers 5 calls them extra_special_tokens",
+    "additional_special_tokens_ids": "transformers 5 calls them extra_special_tokens_ids",
+    "all_special_tokens_extended": "transformers 5 has all_special_tokens (strings) alone; the AddedToken of each "
+                                   "added token is in added_tokens_decoder",
+    "special_tokens_map_extended": "transformers 5 has special_tokens_map alone",
+    "add_tokens": _NO_NEW_TOKENS,
+    "add_special_tokens": _NO_NEW_TOKENS,
+    "save_pretrained": "copy the checkpoint's tokenizer files (the directory of tok.tokenizer_file), or save "
+                       "transformers.AutoTokenizer.from_pretrained(that directory)",
+}
+"""transformers' tokenizer attributes `LLMTokenizer` has not, with what to use instead: the AttributeError of reading
+one says it."""
+
 
 class LLMTokenizer:
     """The engine's tokenizer behind the calls vLLM users make on a Hugging Face tokenizer, with its defaults:
@@ -94,7 +125,11 @@ class LLMTokenizer:
             with contextlib.suppress(AttributeError):
                 return getattr(self.tokenizer, name)
         # named as the class the caller holds, not the engine's Tokenizer it was looked up on
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        message = f"{type(self).__name__!r} object has no attribute {name!r}"
+        instead = TRANSFORMERS_ONLY_ATTRIBUTES.get(name)
+        if instead is not None:
+            message += f" (transformers' tokenizer.{name}): {instead}"
+        raise AttributeError(message, name=name, obj=self)
 
     def __setattr__(self, name: str, value: Any) -> None:
         """Sets one of `SETTABLE` (or a new attribute of the caller's); refuses, with AttributeError, to cover an

@@ -497,6 +497,32 @@ def test_a_tokenizer_config_with_a_bad_shape_field_is_refused_naming_it(tiny_che
         LLM(str(checkpoint), device="cpu", progress=False, kv_cache_memory=1 << 20, max_model_len=64)
 
 
+@pytest.mark.parametrize(("name", "instead"), [
+    ("backend_tokenizer", "tokenizers.Tokenizer.from_file(str(tok.tokenizer_file))"),
+    ("additional_special_tokens", "extra_special_tokens"), ("encode_plus", "tok(text)"),
+    ("add_tokens", "Glimmer adds no tokens"), ("pad", "tok(texts, padding=True)"),
+    ("clean_up_tokenization_spaces", "decode() and batch_decode() take clean_up_tokenization_spaces=")])
+def test_reading_one_of_transformers_tokenizer_attributes_glimmer_lacks_says_what_to_use(llm, hf, name, instead):
+    """`tok.backend_tokenizer` or `tok.add_tokens` met Python's bare AttributeError; it now says what to use."""
+    with pytest.raises(AttributeError, match=f"^'LLMTokenizer' object has no attribute '{name}' \\(transformers' "
+                                             f"tokenizer.{name}\\): .*{re.escape(instead)}") as caught:
+        getattr(llm.get_tokenizer(), name)
+    assert caught.value.name == name and not hasattr(llm.get_tokenizer(), name)
+
+
+def test_what_the_missing_attributes_say_to_use_gives_transformers_answer(llm, hf):
+    import tokenizers
+
+    tok = llm.get_tokenizer()
+    assert str(tokenizers.Tokenizer.from_file(str(tok.tokenizer_file)).decoder) == str(hf.backend_tokenizer.decoder)
+    assert tok.model_max_length - tok.num_special_tokens_to_add() == hf.max_len_single_sentence
+    ids = tok.encode("Hello <|eot|> world")
+    assert [int(i in tok.all_special_ids) for i in ids] == hf.get_special_tokens_mask(ids,
+                                                                                        already_has_special_tokens=True)
+    assert json.loads(tok.tokenizer_file.with_name("tokenizer_config.json").read_text())["model_max_length"] == \
+        hf.init_kwargs["model_max_length"]
+
+
 def test_tokenizer_errors_name_the_llm_tokenizer(llm):
     tok = llm.get_tokenizer()
     with pytest.raises(AttributeError, match="^'LLMTokenizer' object has no attribute 'batch_decoder'$"):
