@@ -541,7 +541,9 @@ def token_id_list(ids: Any, call: str) -> list[int]:
     TypeError naming `call` and what was given instead."""
     if hasattr(ids, "tolist"):  # a NumPy array or scalar, a torch tensor
         ids = ids.tolist()
-    if is_token_id(ids) and operator.index(ids) >= 0:
+    if is_token_id(ids):
+        if operator.index(ids) < 0:
+            raise TypeError(f"{call} takes token ids (integers >= 0), not {ids!r}")
         return [operator.index(ids)]
     if not isinstance(ids, list | tuple):
         raise TypeError(f"{call} takes token ids (an int, a list of ints, or a 1-D array or tensor of them), not "

@@ -534,6 +534,11 @@ def test_tokenizer_errors_name_the_llm_tokenizer(llm):
         tok.batch_decode([[1], [-1]])
     with pytest.raises(TypeError, match=r"^LLMTokenizer\.convert_ids_to_tokens\(\) takes token ids"):
         tok.convert_ids_to_tokens("Hello")
+    for call in ("decode", "batch_decode", "convert_ids_to_tokens"):  # it said "..., not int" of an int
+        with pytest.raises(TypeError, match=rf"^LLMTokenizer\.{call}\(\) takes token ids \(integers >= 0\), not -1$"):
+            getattr(tok, call)(-1)
+        with pytest.raises(TypeError, match=r"\(integers >= 0\), not -2$"):
+            getattr(tok, call)(np.int64(-2))
     with pytest.raises(TypeError, match=r"^LLMTokenizer\.encode\(\) takes a string, not list$"):
         tok.encode([1, 2])
 
