@@ -268,7 +268,9 @@ class OutputShape:
         limit = self.max_length if self.max_length is not None else default_max_length
         padding = _padding_strategy(self.padding)
         if padding is not None and pad_token_id is None:
-            raise RequestError("padding: this tokenizer has no pad token to pad with", param="padding")
+            raise RequestError("padding: this tokenizer has no pad token to pad with; set one of its tokens first "
+                               "(tok.pad_token = tok.eos_token, as with transformers), or pass padding=False",
+                               param="padding")
         length = max(map(len, ids)) if padding == "longest" else limit if padding == "max_length" else 0
         masks = [_padded([1] * len(sequence), 0, length, padding_side) for sequence in ids]
         ids = [_padded(sequence, pad_token_id, length, padding_side) for sequence in ids]

@@ -283,6 +283,7 @@ def test_padding_without_a_pad_token_is_refused():
     with pytest.raises(RequestError) as caught:
         OutputShape(padding=True).apply([[5]], batched=False, default_max_length=8, pad_token_id=None)
     assert caught.value.param == "padding"
+    assert "set one of its tokens first (tok.pad_token = tok.eos_token" in str(caught.value)  # it named no fix
 
 
 @pytest.mark.parametrize(("argument", "value"), [
