@@ -264,10 +264,11 @@ class LLMTokenizer:
         return [self.tokenizer.require_token_id(token) for token in self.all_special_tokens]
 
     def encode(self, text: str, add_special_tokens: bool = True, *, padding: bool | str = False,
-               truncation: bool | str | None = None, max_length: int | None = None,
+               truncation: bool | str | None = None, max_length: int | None = None, padding_side: str | None = None,
                return_tensors: str | None = None) -> Any:
         """Token ids of `text`, BOS first unless `add_special_tokens=False` (as transformers' `encode`); `padding`,
-        `truncation`, `max_length` and `return_tensors` as in `__call__` (a tensor has a batch axis, as there)."""
+        `truncation`, `max_length`, `padding_side` and `return_tensors` as in `__call__` (a tensor has a batch axis, as
+        there)."""
         if not isinstance(text, str):
             raise TypeError(f"LLMTokenizer.encode() takes a string, not {type(text).__name__}")
         if not isinstance(add_special_tokens, bool):
@@ -277,14 +278,15 @@ class LLMTokenizer:
         if padding is False and truncation in (None, False) and max_length is None and return_tensors is None:
             return self.tokenizer.encode_input_text(text, add_special_tokens=add_special_tokens)
         return self(text, add_special_tokens, padding=padding, truncation=truncation, max_length=max_length,
-                    return_tensors=return_tensors)["input_ids"]
+                    padding_side=padding_side, return_tensors=return_tensors)["input_ids"]
 
     def __call__(self, text: str | list[str], add_special_tokens: bool = True, *, padding: bool | str = False,
-                 truncation: bool | str | None = None, max_length: int | None = None,
+                 truncation: bool | str | None = None, max_length: int | None = None, padding_side: str | None = None,
                  return_tensors: str | None = None) -> ChatEncoding:
         """{"input_ids": ids, "attention_mask": mask} of a text, or lists of them for a list of texts, as transformers'
-        call: `padding` (True or 'longest', 'max_length') pads with the pad token on `padding_side`, `truncation=True`
-        cuts on `truncation_side` to `max_length` (or `model_max_length`), as does a `max_length` given without
+        call: `padding` (True or 'longest', 'max_length') pads with the pad token on `padding_side` ('left' or 'right';
+        None: the tokenizer's `padding_side`), `truncation=True` cuts on `truncation_side` to `max_length` (or
+        `model_max_length`), as does a `max_length` given without
         `padding` or `truncation` (as transformers' default; `truncation=False` keeps every token), `return_tensors`
         'pt' or 'np' gives tensors with a batch axis. The result's keys read as attributes too (`enc.input_ids`).
         Raises RequestError (a ValueError) naming the argument for a value transformers refuses or Glimmer does not
@@ -297,7 +299,8 @@ class LLMTokenizer:
         ids = [self._encoded_within(t, add_special_tokens, limit) for t in texts]
         return replace(shape, truncation=False).apply(
             ids, batched=isinstance(text, list | tuple), default_max_length=self.model_max_length,
-            pad_token_id=self.pad_token_id, padding_side=self.padding_side)
+            pad_token_id=self.pad_token_id,
+            padding_side=self.padding_side if padding_side is None else _checked_side("padding_side", padding_side))
 
     def _encoded_within(self, text: str, add_special_tokens: bool, limit: int | None) -> list[int]:
         """`encode(text)` with at most `limit` tokens (None: all), the text's own cut on `truncation_side` and the

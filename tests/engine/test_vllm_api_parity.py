@@ -466,6 +466,23 @@ def test_encode_with_max_length_alone_cuts_to_it_as_transformers(llm, hf, argume
         (theirs.tolist() if hasattr(theirs, "tolist") else theirs)
 
 
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_calling_the_tokenizer_takes_a_padding_side_for_the_call_as_transformers(llm, hf, side):
+    """`tok(texts, padding=True, padding_side="left")` (transformers 5's argument) was a TypeError."""
+    tok, texts = llm.get_tokenizer(), ["Hello the world", "a"]
+    other = "right" if side == "left" else "left"
+    tok.padding_side = hf.padding_side = other
+    try:
+        assert tok(texts, padding=True, padding_side=side) == dict(hf(texts, padding=True, padding_side=side))
+        assert tok.encode(texts[1], padding="max_length", max_length=4, padding_side=side) == \
+            hf.encode(texts[1], padding="max_length", max_length=4, padding_side=side)
+        assert tok.padding_side == other  # the call's side is the call's alone
+        with pytest.raises(ValueError, match="^padding_side must be 'right' or 'left', not 'top'$"):
+            tok(texts, padding=True, padding_side="top")
+    finally:
+        tok.padding_side = hf.padding_side = "right"
+
+
 def test_apply_chat_template_pads_on_the_tokenizers_side(llm, hf):
     tok = llm.get_tokenizer()
     batch = [MESSAGES, [{"role": "user", "content": "a longer question here"}]]
