@@ -271,7 +271,7 @@ class OutputShape:
             raise RequestError("padding: this tokenizer has no pad token to pad with; set one of its tokens first "
                                "(tok.pad_token = tok.eos_token, as with transformers), or pass padding=False",
                                param="padding")
-        length = max(map(len, ids)) if padding == "longest" else limit if padding == "max_length" else 0
+        length = max(map(len, ids), default=0) if padding == "longest" else limit if padding == "max_length" else 0
         masks = [_padded([1] * len(sequence), 0, length, padding_side) for sequence in ids]
         ids = [_padded(sequence, pad_token_id, length, padding_side) for sequence in ids]
         tensor_type = _tensor_type(self.return_tensors)

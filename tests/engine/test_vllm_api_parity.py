@@ -483,6 +483,12 @@ def test_calling_the_tokenizer_takes_a_padding_side_for_the_call_as_transformers
         tok.padding_side = hf.padding_side = "right"
 
 
+def test_calling_the_tokenizer_on_no_texts_gives_no_sequences_whatever_the_padding(llm):
+    """`tok([], padding=True)` (an empty batch of a loop) raised "max() arg is an empty sequence"."""
+    for padding in (False, True, "longest", "max_length"):
+        assert llm.get_tokenizer()([], padding=padding, max_length=4) == {"input_ids": [], "attention_mask": []}
+
+
 def test_apply_chat_template_pads_on_the_tokenizers_side(llm, hf):
     tok = llm.get_tokenizer()
     batch = [MESSAGES, [{"role": "user", "content": "a longer question here"}]]
