@@ -70,6 +70,23 @@ TRANSFORMERS_ONLY_ATTRIBUTES: dict[str, str] = {
 """transformers' tokenizer attributes `LLMTokenizer` has not, with what to use instead: the AttributeError of reading
 one says it."""
 
+_PAIRS = "text pairs are not supported: encode the texts one by one"
+_FROM_TRANSFORMERS = ("Glimmer's tokenizer does not compute it; load transformers.AutoTokenizer.from_pretrained() "
+                      "on the checkpoint's tokenizer files (the directory of tok.tokenizer_file) for it")
+TRANSFORMERS_ONLY_CALL_ARGUMENTS: dict[str, str] = {
+    "text_pair": _PAIRS, "text_target": _PAIRS, "text_pair_target": _PAIRS,
+    "return_offsets_mapping": _FROM_TRANSFORMERS, "return_special_tokens_mask": _FROM_TRANSFORMERS,
+    "return_token_type_ids": _FROM_TRANSFORMERS, "return_overflowing_tokens": _FROM_TRANSFORMERS,
+    "stride": _FROM_TRANSFORMERS, "is_split_into_words": _FROM_TRANSFORMERS,
+    "return_attention_mask": "leave it out: the call's result always holds attention_mask "
+                             "(enc.pop('attention_mask') drops it)",
+    "return_length": "leave it out: a sequence's length is len() of its ids",
+    "pad_to_multiple_of": "pad to that multiple with padding='max_length' and max_length set to it",
+    "verbose": "leave it out: Glimmer's call gives no warnings to silence",
+}
+"""Arguments of transformers' tokenizer call (and `encode`) that `LLMTokenizer`'s do not take, with what to do instead:
+the TypeError of passing one says it."""
+
 
 class LLMTokenizer:
     """The engine's tokenizer behind the calls vLLM users make on a Hugging Face tokenizer, with its defaults:
@@ -265,10 +282,12 @@ class LLMTokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True, *, padding: bool | str = False,
                truncation: bool | str | None = None, max_length: int | None = None, padding_side: str | None = None,
-               return_tensors: str | None = None) -> Any:
+               return_tensors: str | None = None, **transformers_only: Any) -> Any:
         """Token ids of `text`, BOS first unless `add_special_tokens=False` (as transformers' `encode`); `padding`,
         `truncation`, `max_length`, `padding_side` and `return_tensors` as in `__call__` (a tensor has a batch axis, as
-        there)."""
+        there). Raises TypeError for another argument of transformers' (`return_offsets_mapping`, ...), saying what to
+        do instead."""
+        _refuse_transformers_only("encode", transformers_only)
         if not isinstance(text, str):
             raise TypeError(f"LLMTokenizer.encode() takes a string, not {type(text).__name__}")
         if not isinstance(add_special_tokens, bool):
@@ -282,7 +301,7 @@ class LLMTokenizer:
 
     def __call__(self, text: str | list[str], add_special_tokens: bool = True, *, padding: bool | str = False,
                  truncation: bool | str | None = None, max_length: int | None = None, padding_side: str | None = None,
-                 return_tensors: str | None = None) -> ChatEncoding:
+                 return_tensors: str | None = None, **transformers_only: Any) -> ChatEncoding:
         """{"input_ids": ids, "attention_mask": mask} of a text, or lists of them for a list of texts, as transformers'
         call: `padding` (True or 'longest', 'max_length') pads with the pad token on `padding_side` ('left' or 'right';
         None: the tokenizer's `padding_side`), `truncation=True` cuts on `truncation_side` to `max_length` (or
@@ -290,7 +309,9 @@ class LLMTokenizer:
         `padding` or `truncation` (as transformers' default; `truncation=False` keeps every token), `return_tensors`
         'pt' or 'np' gives tensors with a batch axis. The result's keys read as attributes too (`enc.input_ids`).
         Raises RequestError (a ValueError) naming the argument for a value transformers refuses or Glimmer does not
-        support (as `apply_chat_template`)."""
+        support (as `apply_chat_template`), and TypeError for another argument of transformers'
+        (`return_offsets_mapping`, ...), saying what to do instead."""
+        _refuse_transformers_only("__call__", transformers_only)
         texts = list(text) if isinstance(text, list | tuple) else [text]
         if truncation is None:  # transformers: a max_length given alone cuts to it
             truncation = max_length is not None and padding is False
@@ -518,6 +539,15 @@ class LLMTokenizer:
         return shape.apply(ids, batched=batched, default_max_length=self._engine.max_model_len,
                            pad_token_id=self.pad_token_id, padding_side=self.padding_side,
                            truncation_side=self.truncation_side)
+
+
+def _refuse_transformers_only(call: str, arguments: Mapping[str, Any]) -> None:
+    """Raises TypeError naming the first of `arguments` (those `call` was given beyond its own) and, for one of
+    transformers' (`TRANSFORMERS_ONLY_CALL_ARGUMENTS`), what to do instead; nothing when there are none."""
+    for name in arguments:
+        instead = TRANSFORMERS_ONLY_CALL_ARGUMENTS.get(name)
+        message = f"LLMTokenizer.{call}() got an unexpected keyword argument {name!r}"
+        raise TypeError(message if instead is None else f"{message} (transformers' {name}=): {instead}")
 
 
 def _checked_side(name: str, side: object) -> str:

@@ -483,6 +483,20 @@ def test_calling_the_tokenizer_takes_a_padding_side_for_the_call_as_transformers
         tok.padding_side = hf.padding_side = "right"
 
 
+@pytest.mark.parametrize(("argument", "instead"), [
+    ("return_offsets_mapping", "load transformers.AutoTokenizer.from_pretrained()"),
+    ("text_pair", "text pairs are not supported"), ("return_attention_mask", "leave it out"),
+    ("pad_to_multiple_of", "padding='max_length'"), ("verbose", "leave it out")])
+@pytest.mark.parametrize("call", ["__call__", "encode"])
+def test_an_argument_of_transformers_tokenizer_call_glimmer_lacks_says_what_to_do(llm, argument, instead, call):
+    """`tok(text, return_offsets_mapping=True)` met Python's bare "unexpected keyword argument"; it says what to do."""
+    with pytest.raises(TypeError, match=rf"^LLMTokenizer\.{call}\(\) got an unexpected keyword argument '{argument}' "
+                                        rf"\(transformers' {argument}=\): .*{re.escape(instead)}"):
+        getattr(llm.get_tokenizer(), call)("Hello", **{argument: 2})
+    with pytest.raises(TypeError, match=rf"^LLMTokenizer\.{call}\(\) got an unexpected keyword argument 'bogus'$"):
+        getattr(llm.get_tokenizer(), call)("Hello", bogus=1)
+
+
 def test_calling_the_tokenizer_on_no_texts_gives_no_sequences_whatever_the_padding(llm):
     """`tok([], padding=True)` (an empty batch of a loop) raised "max() arg is an empty sequence"."""
     for padding in (False, True, "longest", "max_length"):
