@@ -346,7 +346,8 @@ class LLMTokenizer:
     def decode(self, ids: int | SequenceABC[int] | SequenceABC[SequenceABC[int]], skip_special_tokens: bool = False,
                clean_up_tokenization_spaces: bool | None = None) -> str | list[str]:
         """Text of `ids` (an id, a list of ids, or a 1-D array or tensor of them), or the texts of a batch of them (a
-        list of id lists, of 1-D arrays or of tensors, or a 2-D array or tensor), as transformers 5's `decode`, which
+        list of id lists, of 1-D arrays or of tensors, or a 2-D array or tensor), or of an encoding's `input_ids` (the
+        dict this tokenizer's call or `apply_chat_template` returns), as transformers 5's `decode`, which
         tells a batch by its first item once arrays and tensors are lists; `skip_special_tokens` leaves out every
         token flagged special (`tokenizer.all_special_ids`: framing and media tokens too, as transformers' decode).
         `clean_up_tokenization_spaces` has transformers 5's meaning (None: the tokenizer config's default, False for
@@ -364,6 +365,8 @@ class LLMTokenizer:
         return [texts] if isinstance(texts, str) else texts
 
     def _decode_any(self, ids: Any, skip_special_tokens: bool, clean_up: bool | None, call: str) -> str | list[str]:
+        if isinstance(ids, Mapping) and "input_ids" in ids:  # an encoding, as transformers 5 decodes its input_ids
+            ids = ids["input_ids"]
         ids = python_ids(ids)
         # one sequence or a batch, as transformers 5 tells them: by the first item alone
         if isinstance(ids, list) and ids and isinstance(ids[0], list):

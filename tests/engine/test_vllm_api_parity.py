@@ -133,6 +133,24 @@ def test_batch_decode_and_decode_take_what_transformers_takes(llm, hf):
         assert tok.decode(given) == hf.decode(given)
 
 
+def test_decode_takes_an_encoding_as_transformers_5_does(llm, hf):
+    """`tok.decode(tok.apply_chat_template(messages))` (transformers 5 returns a dict there by default, and decodes
+    its input_ids) was a TypeError "takes token ids ..., not ChatEncoding"."""
+    tok = llm.get_tokenizer()
+    for make in (lambda t: t("Hello the world"), lambda t: dict(t("Hello")),
+                 lambda t: t.apply_chat_template(MESSAGES, add_generation_prompt=True, sanitize_control_tokens=True,
+                                                 **KWARGS)):
+        for skip in (False, True):
+            assert tok.decode(make(tok), skip_special_tokens=skip) == hf.decode(make(hf), skip_special_tokens=skip)
+            assert tok.batch_decode(make(tok), skip_special_tokens=skip) == \
+                hf.batch_decode(make(hf), skip_special_tokens=skip)
+    # a batch's encoding gives its texts, as its input_ids do (transformers' decode fails on it)
+    for batch in (tok(["Hello", "the world"]), tok("Hello", return_tensors="pt")):
+        assert tok.decode(batch) == tok.batch_decode(batch) == tok.decode(batch["input_ids"])
+    with pytest.raises(TypeError, match="not dict$"):
+        tok.decode({"ids": [1]})
+
+
 def _decoded(tokenizer, call, given):
     try:
         return getattr(tokenizer, call)(given)
