@@ -334,8 +334,8 @@ def _truncates(truncation: Any) -> bool:
     if truncation == "do_not_truncate":
         return False
     if truncation == "only_second":
-        raise RequestError("truncation='only_second' needs a second sequence; a chat is one: use truncation=True",
-                           param="truncation")
+        raise RequestError("truncation='only_second' needs a second sequence, and a chat or a text is one (text "
+                           "pairs are not supported): use truncation=True", param="truncation")
     raise RequestError(f"truncation={truncation!r} is not one of True, False, 'longest_first', 'only_first', "
                        "'do_not_truncate'", param="truncation")
 

@@ -515,6 +515,14 @@ def test_an_argument_of_transformers_tokenizer_call_glimmer_lacks_says_what_to_d
         getattr(llm.get_tokenizer(), call)("Hello", bogus=1)
 
 
+def test_truncation_only_second_of_one_text_says_text_pairs_are_not_supported(llm):
+    """Calling the tokenizer on a text with truncation='only_second' said "a chat is one" of the text."""
+    with pytest.raises(RequestError, match=r"^truncation='only_second' needs a second sequence, and a chat or a text "
+                                           r"is one \(text pairs are not supported\): use truncation=True$") as caught:
+        llm.get_tokenizer()("Hello the world", truncation="only_second", max_length=2)
+    assert caught.value.param == "truncation"
+
+
 def test_calling_the_tokenizer_on_no_texts_gives_no_sequences_whatever_the_padding(llm):
     """`tok([], padding=True)` (an empty batch of a loop) raised "max() arg is an empty sequence"."""
     for padding in (False, True, "longest", "max_length"):
