@@ -29,6 +29,9 @@ from glimmer.protocol.chat_template import REASONING_FIELDS
 from glimmer.protocol.tokens import MESSAGE
 
 TENSOR_TYPES = ("pt", "np")
+NO_LENGTH_LIMIT = int(1e20)
+"""transformers' LARGE_INTEGER: a length limit above it is none (a tokenizer_config.json without `model_max_length`
+gives 1e30), and padding='max_length' to it pads nothing, as transformers pads nothing there."""
 """The `return_tensors` values supported: torch tensors and numpy arrays (transformers also knows 'mlx')."""
 
 
@@ -228,9 +231,10 @@ class OutputShape:
     False or 'do_not_pad' pads nothing. `truncation`: True, 'longest_first' or 'only_first' cuts each
     conversation's ids to `max_length`. They pad and cut on the sides given to `apply` (the tokenizer's
     `padding_side` and `truncation_side`, as in transformers); without `max_length` the limit is the
-    `default_max_length` given to `apply`. `return_tensors`: None gives lists, 'pt' torch tensors, 'np' numpy
-    arrays (both int64, with a batch axis even for one conversation). `return_dict`: {"input_ids",
-    "attention_mask"} instead of the ids alone. Raises RequestError naming the argument on a value it does not support.
+    `default_max_length` given to `apply`, and 'max_length' pads nothing to a limit above `NO_LENGTH_LIMIT`.
+    `return_tensors`: None gives lists, 'pt' torch tensors, 'np' numpy arrays (both int64, with a batch axis even for
+    one conversation). `return_dict`: {"input_ids", "attention_mask"} instead of the ids alone. Raises RequestError
+    naming the argument on a value it does not support.
     """
 
     padding: bool | str = False
@@ -267,6 +271,8 @@ class OutputShape:
                    for sequence in ids]
         limit = self.max_length if self.max_length is not None else default_max_length
         padding = _padding_strategy(self.padding)
+        if padding == "max_length" and limit > NO_LENGTH_LIMIT:
+            padding = None
         if padding is not None and pad_token_id is None:
             raise RequestError("padding: this tokenizer has no pad token to pad with; set one of its tokens first "
                                "(tok.pad_token = tok.eos_token, as with transformers), or pass padding=False",

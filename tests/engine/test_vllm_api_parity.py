@@ -523,6 +523,24 @@ def test_truncation_only_second_of_one_text_says_text_pairs_are_not_supported(ll
     assert caught.value.param == "truncation"
 
 
+@pytest.mark.parametrize("arguments", [dict(padding="max_length"), dict(padding="max_length", truncation=True),
+                                       dict(padding="max_length", max_length=10**25), dict(truncation=True)])
+def test_padding_to_max_length_without_a_model_max_length_pads_nothing_as_transformers(tiny_checkpoint, tmp_path,
+                                                                                         arguments):
+    """A tokenizer_config.json without `model_max_length` (transformers' 1e30, no limit): padding='max_length' without
+    max_length raised OverflowError ("cannot fit 'int' into an index-sized integer"); transformers pads nothing."""
+    checkpoint = _checkpoint_with_tokenizer_config(tiny_checkpoint, tmp_path / "no-limit", model_max_length=None)
+    tok = LLM(str(checkpoint), device="cpu", progress=False, kv_cache_memory=1 << 20, max_model_len=64).get_tokenizer()
+    hf = AutoTokenizer.from_pretrained(checkpoint)
+    assert tok.model_max_length == hf.model_max_length > 10**20
+    texts = ["Hello the world", "a"]
+    expected = {"input_ids": [tok.encode(text) for text in texts], "attention_mask": [[1] * len(tok.encode(text))
+                                                                                      for text in texts]}
+    assert tok(texts, **arguments) == expected
+    if "max_length" not in arguments:  # transformers runs out of memory padding to 1e25
+        assert dict(hf(texts, **arguments)) == expected
+
+
 def test_calling_the_tokenizer_on_no_texts_gives_no_sequences_whatever_the_padding(llm):
     """`tok([], padding=True)` (an empty batch of a loop) raised "max() arg is an empty sequence"."""
     for padding in (False, True, "longest", "max_length"):
