@@ -106,8 +106,7 @@ class LLMTokenizer:
         self._engine = engine
         self.tokenizer: Tokenizer = engine.tokenizer
         shape = self.tokenizer.shape
-        # transformers' attribute: the limit of `truncation=True` without `max_length` in `__call__`; settable
-        self.model_max_length: int = shape.model_max_length
+        self._model_max_length = shape.model_max_length
         self._padding_side = shape.padding_side
         self._truncation_side = shape.truncation_side
         self._pad_token = self.tokenizer.pad_token
@@ -185,6 +184,18 @@ class LLMTokenizer:
 
     def __len__(self) -> int:
         return self.tokenizer.vocab_size
+
+    @property
+    def model_max_length(self) -> int:
+        """transformers' attribute: the limit of `truncation=True` (and `padding='max_length'`) without `max_length`
+        in `__call__` (tokenizer_config.json's, else 1e30: none), settable (`tok.model_max_length = 512`)."""
+        return self._model_max_length
+
+    @model_max_length.setter
+    def model_max_length(self, limit: int) -> None:
+        if not is_token_id(limit) or operator.index(limit) < 1:
+            raise ValueError(f"model_max_length must be a positive integer, not {limit!r}")
+        self._model_max_length = operator.index(limit)
 
     @property
     def padding_side(self) -> str:

@@ -561,6 +561,22 @@ def test_apply_chat_template_pads_on_the_tokenizers_side(llm, hf):
     assert [i for i in left[0] if i != pad] == [i for i in right[0] if i != pad]
 
 
+@pytest.mark.parametrize("limit", [None, "8", 0, -3, 2.5, True])
+def test_a_model_max_length_a_script_sets_is_checked(llm, limit):
+    """`tok.model_max_length = None` (or "8", 2.5) was taken, and the next call with truncation or padding failed deep
+    inside ("'>' not supported between instances of 'NoneType' and 'int'"); 0 or -3 cut every text to its BOS."""
+    tok = llm.get_tokenizer()
+    with pytest.raises(ValueError, match=f"^model_max_length must be a positive integer, not {re.escape(repr(limit))}"):
+        tok.model_max_length = limit
+    assert tok.model_max_length == 131072
+    tok.model_max_length = np.int64(3)
+    try:
+        assert tok.model_max_length == 3 and type(tok.model_max_length) is int
+        assert tok("Hello the world", truncation=True)["input_ids"] == tok.encode("Hello the world")[:3]
+    finally:
+        tok.model_max_length = 131072
+
+
 def test_get_tokenizer_is_one_object_whose_sides_are_checked(llm):
     assert llm.get_tokenizer() is llm.get_tokenizer()
     with pytest.raises(ValueError, match="^padding_side must be 'right' or 'left', not 'top'$"):
