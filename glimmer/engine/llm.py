@@ -44,6 +44,7 @@ from glimmer.engine.config_checks import media_fetch_policy
 from glimmer.engine.detokenizer import IncrementalDetokenizer
 from glimmer.engine.fork_guard import check_not_forked
 from glimmer.engine.grammar import ControllerFactory, chat_answer_grammar, check_tool_parameters
+from glimmer.engine.interrupt_guard import InterruptsBetweenSteps
 from glimmer.engine.llm_engine import EngineConfig, LLMEngine, StepError, warn_of_default_repetition_penalty
 from glimmer.engine.llm_tokenizer import LLMTokenizer, is_token_id
 from glimmer.engine.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput, StepDelta
@@ -568,23 +569,26 @@ class LLM:
         name it as the caller does, `names[i]` ("prompt", "prompts[1]", "messages", ...). `generated` and
         `hidden`, per prompt: LLMEngine.add_request's `generated` and `hidden_token_ids`. Calls from
         several threads run one after another; a call made inside another on the same thread (from a `use_tqdm`
-        callable) is refused, as it would wait for itself."""
+        callable) is refused, as it would wait for itself. Ctrl-C lands between queuing requests and between steps
+        (`InterruptsBetweenSteps`), where no KV block is half taken or half freed."""
         if self._running_thread == threading.get_ident():
             raise RuntimeError("LLM.generate / LLM.chat was called while another call on this LLM runs in the same "
                                "thread (from its use_tqdm callable?): make the call after that one returns")
-        with self._run_lock:
+        with self._run_lock, InterruptsBetweenSteps() as interrupts:
             self._running_thread = threading.get_ident()
             try:
-                return self._run_alone(prompts, params_list, use_tqdm, names, controller_factories, generated, hidden)
+                return self._run_alone(prompts, params_list, use_tqdm, names, interrupts, controller_factories,
+                                       generated, hidden)
             finally:
                 self._running_thread = None
 
     def _run_alone(self, prompts: list[_Prepared], params_list: list[SamplingParams],
-                   use_tqdm: bool | Callable[..., Any] | None, names: list[str],
+                   use_tqdm: bool | Callable[..., Any] | None, names: list[str], interrupts: InterruptsBetweenSteps,
                    controller_factories: list[ControllerFactory | None] | None,
                    generated: list[int] | None = None,
                    hidden: list[frozenset[int]] | None = None) -> list[RequestOutput]:
-        """`_run`, with no other call of this LLM stepping its engine."""
+        """`_run`, with no other call of this LLM stepping its engine; a Ctrl-C `interrupts` noted is raised after a
+        request is queued or a step is taken in."""
         results: dict[str, RequestOutput] = {}
         order = []
         factories = controller_factories or [None] * len(prompts)
@@ -611,6 +615,7 @@ class LLM:
                              for i in range(params.n)],
                     metrics=RequestMetrics(arrival_time=arrival_time, last_token_time=arrival_time),
                 )
+                interrupts.check()
             while self.engine.has_unfinished_requests:
                 deltas = self._step()
                 received = time.time()
@@ -632,6 +637,7 @@ class LLM:
                         if request.finished:
                             request.metrics.finished_time = received
                             bar.update(1)
+                interrupts.check()
         except BaseException:
             for request_id in order:
                 self.engine.abort(request_id)
