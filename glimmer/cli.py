@@ -124,7 +124,7 @@ def _with_config_file_options(argv: list[str], commands: Mapping[str, argparse.A
     for key, value in _read_config_file(path).items():
         name, dot, dotted = key.partition(".")  # a dotted key keeps its own underscores
         flag = "--" + name.replace("_", "-") + dot + dotted
-        action = actions.get(flag)
+        action = actions.get(flag.partition(".")[0])  # a dotted key's option (--hf-overrides for hf-overrides.a)
         if flag == "--config":
             raise UsageError(f"--config {path} names another --config file; give its options in this one")
         if value is None or (action is not None and action.dest in own) or (key == "model" and names_a_model):
@@ -164,9 +164,12 @@ def _positional_arguments(tokens: list[str], actions: Mapping[str, argparse.Acti
         index += 1
         if token == "--":
             return positional + tokens[index:]
-        action = actions.get(token)
+        name, dot, _ = token.partition(".")
+        action = None if "=" in token else actions.get(name)
         if not token.startswith("-") or token == "-":
             positional.append(token)
+        elif action is not None and dot:  # a dotted key takes one value (--hf-overrides.a 1), as its option does
+            index += 1
         elif action is not None and action.nargs in ("+", "*"):
             while index < len(tokens) and not tokens[index].startswith("-"):
                 index += 1

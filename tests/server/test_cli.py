@@ -288,6 +288,25 @@ def test_vllms_config_file_gives_its_options_and_the_command_line_wins(tmp_path)
     assert (args.log_level, args.model_option, args.max_model_len) == ("DEBUG", "/models/a", 1024)
 
 
+@pytest.mark.parametrize("dotted", [["--speculative-config.num_speculative_tokens", "4"], ["--hf-overrides.a", "1"],
+                                    ["--compilation-config.level", "3"], ["--limit-mm-per-prompt.image", "2"],
+                                    ["-O.level", "3"]])
+def test_a_dotted_keys_value_is_no_model_beside_a_config_file(tmp_path, dotted):
+    """The dotted key's value was taken for MODEL, so the file's model was left out and the default model served."""
+    config = tmp_path / "config.yaml"
+    config.write_text("model: ./m\n")
+    args = build_parser().parse_args(["serve", "--config", str(config), *dotted])
+    assert (args.model, args.model_option) == (None, "./m")
+
+
+def test_a_dotted_key_in_a_config_file_yields_to_the_command_lines_whole_object(tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text("speculative-config.num_speculative_tokens: 3\nhf_overrides.a: 1\n")
+    args = build_parser().parse_args(["serve", "m", "--config", str(config), "--speculative-config",
+                                      '{"num_speculative_tokens": 2}', "--hf-overrides", '{"b": 2}'])
+    assert (json.loads(args.speculative_config), args.hf_overrides) == ({"num_speculative_tokens": 2}, {"b": 2})
+
+
 @pytest.mark.parametrize(("text", "words"), [
     (None, ("--config {path}: No such file or directory",)),
     ("a: [1", ("--config {path} is not YAML",)),
