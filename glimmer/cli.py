@@ -120,7 +120,7 @@ def _with_config_file_options(argv: list[str], commands: Mapping[str, argparse.A
     actions = command._option_string_actions
     own = {actions[token.split("=", 1)[0]].dest for token in rest if token.split("=", 1)[0] in actions}
     names_a_model = "model_option" in own or bool(_positional_arguments(rest, actions))
-    from_file = []
+    from_file, lists_last = [], []
     for key, value in _read_config_file(path).items():
         name, dot, dotted = key.partition(".")  # a dotted key keeps its own underscores
         flag = "--" + name.replace("_", "-") + dot + dotted
@@ -131,10 +131,20 @@ def _with_config_file_options(argv: list[str], commands: Mapping[str, argparse.A
             continue
         if isinstance(value, bool):
             from_file += [flag] if value else [f"--no-{flag[2:]}"] * (f"--no-{flag[2:]}" in actions)
-        else:  # `--flag=value`: a value beginning with - is no option, and a list's option takes no MODEL after it
+        elif isinstance(value, list) and isinstance(action, argparse._StoreAction) and action.nargs in ("+", "*"):
+            # a repeat of such an option (--cuda-graph-sizes) replaces the last, so its items go together, and last
+            # of the options, where no MODEL follows them to be taken for one more
+            lists_last += [flag, *map(_config_value_text, value)] if value else []
+        else:  # `--flag=value`: a value beginning with - is no option; a repeat of a list's option adds to it
             items = value if isinstance(value, list) else [value]
-            from_file += [f"{flag}={json.dumps(item) if isinstance(item, dict) else item}" for item in items]
-    return [*argv[:start + 1], *from_file, *rest]
+            from_file += [f"{flag}={_config_value_text(item)}" for item in items]
+    options_end = rest.index("--") if "--" in rest else len(rest)
+    return [*argv[:start + 1], *from_file, *rest[:options_end], *lists_last, *rest[options_end:]]
+
+
+def _config_value_text(value: Any) -> str:
+    """A --config file's value as the command line spells it: an object as its JSON."""
+    return json.dumps(value) if isinstance(value, dict) else str(value)
 
 
 def _read_config_file(path: str) -> dict[str, Any]:

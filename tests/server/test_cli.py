@@ -307,6 +307,17 @@ def test_a_dotted_key_in_a_config_file_yields_to_the_command_lines_whole_object(
     assert (json.loads(args.speculative_config), args.hf_overrides) == ({"num_speculative_tokens": 2}, {"b": 2})
 
 
+@pytest.mark.parametrize("model", [[], ["./m"], ["--", "./m"]])
+def test_a_config_files_list_gives_an_option_whose_repeats_replace_all_its_items(tmp_path, model):
+    """cuda-graph-sizes: [1, 2, 4] was --cuda-graph-sizes=1 --cuda-graph-sizes=2 --cuda-graph-sizes=4, each repeat
+    replacing the last: [4]. An option whose repeats add to it (served-model-name) takes one item a repeat still."""
+    config = tmp_path / "config.yaml"
+    config.write_text("cuda-graph-sizes: [1, 2, 4]\nserved-model-name: [a, b]\napi-key: [-k]\n")
+    args = build_parser().parse_args(["serve", "--config", str(config), *model])
+    assert (args.cuda_graph_sizes, args.served_model_name, args.api_key) == ([1, 2, 4], ["a", "b"], ["-k"])
+    assert args.model == (model[-1] if model else None)
+
+
 @pytest.mark.parametrize(("text", "words"), [
     (None, ("--config {path}: No such file or directory",)),
     ("a: [1", ("--config {path} is not YAML",)),
