@@ -121,12 +121,18 @@ def _with_config_file_options(argv: list[str], commands: Mapping[str, argparse.A
     own = {actions[token.split("=", 1)[0]].dest for token in rest if token.split("=", 1)[0] in actions}
     names_a_model = "model_option" in own or bool(_positional_arguments(rest, actions))
     from_file, lists_last = [], []
-    for key, value in _read_config_file(path).items():
+    options = _read_config_file(path)
+    for key, value in options.items():
         name, dot, dotted = key.partition(".")  # a dotted key keeps its own underscores
         flag = "--" + name.replace("_", "-") + dot + dotted
         action = actions.get(flag.partition(".")[0])  # a dotted key's option (--hf-overrides for hf-overrides.a)
         if flag == "--config":
             raise UsageError(f"--config {path} names another --config file; give its options in this one")
+        if action is None:
+            checkpoint = "architectures" in options or "model_type" in options
+            raise UsageError(f"--config {path}: {key} names no option of {command.prog}" + (
+                ": the file looks like a checkpoint's config.json, which is read from MODEL's folder; --config takes a "
+                "YAML file of the command's options" if checkpoint else f" ({command.prog} --help lists them)"))
         if value is None or (action is not None and action.dest in own) or (key == "model" and names_a_model):
             continue
         if isinstance(value, bool):
@@ -157,6 +163,9 @@ def _read_config_file(path: str) -> dict[str, Any]:
     except OSError as error:
         raise UsageError(f"--config {path}: {error.strerror or error}; give a YAML file of options, such as "
                          "'max-model-len: 4096' a line") from None
+    except UnicodeDecodeError as error:
+        raise UsageError(f"--config {path} is not UTF-8 text ({error.reason} at byte {error.start}); give a YAML "
+                         "file of options, such as 'max-model-len: 4096' a line") from None
     except yaml.YAMLError as error:
         raise UsageError(f"--config {path} is not YAML ({' '.join(str(error).split())}); give a mapping of option "
                          "names to values, such as 'max-model-len: 4096' a line") from None

@@ -324,16 +324,23 @@ def test_a_config_files_list_gives_an_option_whose_repeats_replace_all_its_items
     ("- max-model-len\n", ("--config {path} holds no mapping of option names to values",)),
     ("config: other.yaml\n", ("--config {path} names another --config file",)),
     ("port: 1\n", ("--config is given more than once",)),
-    ("max-model-length: 5\n", ("unrecognized arguments: --max-model-length=5",)),
+    ("max-model-length: 5\n", ("--config {path}: max-model-length names no option of glimmer serve",)),
+    ("enforce_eagr: false\n", ("--config {path}: enforce_eagr names no option of glimmer serve",)),
+    ("enforce-eagr: true\nport: 1\n", ("--config {path}: enforce-eagr names no option of glimmer serve",)),
+    ("seeds: null\n", ("--config {path}: seeds names no option",)),
+    ('{"architectures": ["LlamaForCausalLM"], "hidden_size": 8, "model_type": "llama"}',
+     ("--config {path}: architectures names no option of glimmer serve", "a checkpoint's config.json")),
+    (b"max-model-len: 5 # caf\xe9\n", ("--config {path} is not UTF-8 text",)),
 ])
 def test_a_config_file_that_gives_no_options_is_one_line(capsys, tmp_path, text, words):
-    from glimmer.cli import main
-
     path = tmp_path / "config.yaml"
-    if text is not None:
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    elif text is not None:
         path.write_text(text)
     with pytest.raises(SystemExit) as caught:
-        main(["serve", "--config", str(path), *["--config", str(path)] * ("more than once" in words[0])])
+        build_parser().parse_args(["serve", "--config", str(path),
+                                   *["--config", str(path)] * ("more than once" in words[0])])
     assert caught.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("glimmer: error:"), err
