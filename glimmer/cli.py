@@ -17,7 +17,7 @@ import signal
 import socket
 import stat
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Iterator, Mapping, Sequence
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any, TextIO
@@ -87,10 +87,17 @@ def _with_underscores_as_dashes(argv: list[str], options: set[str]) -> list[str]
     for index, token in enumerate(argv):
         if token == "--":
             return spelt + argv[index:]
-        name, rest = re.match(r"([^.=]*)(.*)", token, re.DOTALL).groups()
-        dashed = "--" + name[2:].replace("_", "-")
-        spelt.append(dashed + rest if name.startswith("--") and "_" in name and dashed in options else token)
+        spelt.append(_spelt_with_dashes(token, options))
     return spelt
+
+
+def _spelt_with_dashes(token: str, options: Container[str]) -> str:
+    """`token` (`--max_model_len`, `--served_model_name=a`, `--speculative_config.num_speculative_tokens`) with its
+    option's name, up to a `.` or `=`, spelt with dashes where that names one of `options` (a dotted key keeps its own
+    underscores), else as it is."""
+    name, rest = re.match(r"([^.=]*)(.*)", token, re.DOTALL).groups()
+    dashed = "--" + name[2:].replace("_", "-")
+    return dashed + rest if name.startswith("--") and "_" in name and dashed in options else token
 
 
 def _with_config_file_options(argv: list[str], commands: Mapping[str, argparse.ArgumentParser]) -> list[str]:
@@ -123,8 +130,7 @@ def _with_config_file_options(argv: list[str], commands: Mapping[str, argparse.A
     from_file, lists_last = [], []
     options = _read_config_file(path)
     for key, value in options.items():
-        name, dot, dotted = key.partition(".")  # a dotted key keeps its own underscores
-        flag = "--" + name.replace("_", "-") + dot + dotted
+        flag = _spelt_with_dashes(f"--{key}", actions)
         action = actions.get(flag.partition(".")[0])  # a dotted key's option (--hf-overrides for hf-overrides.a)
         if flag == "--config":
             raise UsageError(f"--config {path} names another --config file; give its options in this one")

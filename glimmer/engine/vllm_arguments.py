@@ -372,7 +372,7 @@ Glimmer's do not take (PROMPT_KEYS are those it does)."""
 
 
 def _level_1_to_3(value: object) -> bool:
-    """vLLM's compilation level (or mode) 1, 2 or 3, which change no output here."""
+    """vLLM's compilation level (or mode, or optimization level) 1, 2 or 3, which change no output here."""
     return type(value) is int and 1 <= value <= 3
 
 
@@ -454,7 +454,7 @@ VLLM_ONLY_LLM_ARGUMENTS: dict[str, VllmArgument] = {
     "override_generation_config": VllmArgument(_none_or_empty, (
         "give the values in SamplingParams or in each request's sampling fields (or generation_config='vllm', "
         "--generation-config vllm, to ignore the checkpoint's generation_config.json)")),
-    "optimization_level": VllmArgument(lambda value, given: type(value) is int and 1 <= value <= 3, (
+    "optimization_level": VllmArgument(lambda value, given: _level_1_to_3(value), (
         "1, 2 or 3 alone, and each changes nothing (Glimmer runs its own kernels and, on CUDA, replays captured "
         "decode graphs at any level); for vLLM's level 0 (-O0, no CUDA graphs) pass enforce_eager=True "
         "(--enforce-eager)")),
