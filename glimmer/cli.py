@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import json
 import logging
 import math
@@ -1095,6 +1096,11 @@ def _chat(args: argparse.Namespace, sigterm: SigtermWatch) -> int:
     # messages piped in (`echo hi | glimmer chat`) are a script's: a failed one is an error on stderr and exit 1
     # after the rest; at a terminal the user sees it and goes on
     interactive = sys.stdin is not None and sys.stdin.isatty()
+    if isinstance(sys.stdin, io.TextIOWrapper):
+        # input() decodes by stdin's error handler: surrogateescape only under the C locale or UTF-8 mode, 'strict'
+        # under a UTF-8 locale (en_US.UTF-8), where a byte that is not UTF-8 was a UnicodeDecodeError traceback;
+        # run_chat sends such a byte as U+FFFD
+        sys.stdin.reconfigure(errors="surrogateescape")
     chat = dict(out=sys.stdout, read_line=input, system=args.system, tools=tools, request_options=options,
                 color=color, err=None if interactive else sys.stderr)
     if args.url is not None:

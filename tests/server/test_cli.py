@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import logging
 import os
@@ -1646,16 +1647,20 @@ def _typed(lines: list[str]):
 @pytest.fixture
 def chat_in_process(capsys, monkeypatch, tiny_checkpoint):
     """chat(args, lines) runs `glimmer chat TINY ARGS` in this process, typing `lines` at a terminal and then /exit
-    (piped: `lines` read from a pipe, then its end): (exit code, stdout, stderr). The loggers the chat quiets get
-    their levels back afterwards."""
+    (piped: `lines` read from a pipe, then its end; `stdin`: these bytes piped in): (exit code, stdout, stderr).
+    The loggers the chat quiets get their levels back afterwards."""
     from glimmer.cli import main
 
     quieted = [logging.getLogger(), logging.getLogger("glimmer.protocol")]
     levels = [logger.level for logger in quieted]
 
-    def chat(args: list[str], lines: list[str] = (), *, piped: bool = False) -> tuple[int, str, str]:
-        monkeypatch.setattr("builtins.input", _typed([*lines] if piped else [*lines, "/exit"]))
-        monkeypatch.setattr(sys.stdin, "isatty", lambda: not piped)
+    def chat(args: list[str], lines: list[str] = (), *, piped: bool = False, stdin: bytes | None = None
+             ) -> tuple[int, str, str]:
+        if stdin is None:
+            monkeypatch.setattr("builtins.input", _typed([*lines] if piped else [*lines, "/exit"]))
+            monkeypatch.setattr(sys.stdin, "isatty", lambda: not piped)
+        else:  # `stdin` piped in, read by input() as a UTF-8 locale's stdin reads it: strictly
+            monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8", errors="strict"))
         code = main(["chat", str(tiny_checkpoint), "--kv-cache-memory", "50MiB", "--no-color", *args])
         captured = capsys.readouterr()
         return code, captured.out, captured.err
@@ -1730,6 +1735,14 @@ def test_a_piped_chat_whose_messages_failed_exits_1_with_the_errors_on_stderr(ch
 def test_a_piped_chat_whose_messages_were_all_answered_exits_0(chat_in_process):
     code, out, err = chat_in_process(["--max-tokens", "4"], ["Hello", "Hi"], piped=True)
     assert code == 0 and "error:" not in out + err and "failed" not in err
+
+
+def test_piped_bytes_that_are_not_utf8_are_sent_as_replacement_characters_under_a_utf8_locale(chat_in_process):
+    """A UTF-8 locale's stdin (en_US.UTF-8) decodes strictly, where the C locale's and UTF-8 mode's take any byte:
+    `printf 'caf\\xe9\\n' | glimmer chat` ended in a UnicodeDecodeError traceback, exit 1, no message answered."""
+    code, out, err = chat_in_process(["--max-tokens", "4"], stdin=b"caf\xe9\nHello\n")
+    assert code == 0 and "Traceback" not in err and "error" not in out + err
+    assert out.count("[stopped at max_tokens]") == 2  # both lines answered
 
 
 def test_a_piped_chat_with_a_url_exits_1_where_a_message_failed(capsys, monkeypatch, tiny_checkpoint):
