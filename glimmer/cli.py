@@ -1101,6 +1101,10 @@ def _chat(args: argparse.Namespace, sigterm: SigtermWatch) -> int:
         # under a UTF-8 locale (en_US.UTF-8), where a byte that is not UTF-8 was a UnicodeDecodeError traceback;
         # run_chat sends such a byte as U+FFFD
         sys.stdin.reconfigure(errors="surrogateescape")
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        # a reply is shown in the terminal's encoding; a character it lacks (PYTHONIOENCODING=ascii, a latin-1 locale,
+        # a Windows code page) is a "?", where it was a UnicodeEncodeError traceback
+        sys.stdout.reconfigure(errors="replace")
     chat = dict(out=sys.stdout, read_line=input, system=args.system, tools=tools, request_options=options,
                 color=color, err=None if interactive else sys.stderr)
     if args.url is not None:

@@ -1297,6 +1297,22 @@ def test_chat_takes_a_base_url_ending_in_v1_as_openai_clients_do(capsys, monkeyp
     assert captured.out.startswith("Type a message;") and captured.err == ""
 
 
+def test_a_reply_holding_characters_stdouts_encoding_lacks_shows_them_as_question_marks(monkeypatch, tiny_checkpoint):
+    """Under PYTHONIOENCODING=ascii, a latin-1 locale or a Windows code page, the first character of a reply that
+    stdout's encoding lacks ended the chat in a UnicodeEncodeError traceback, exit 1."""
+    from glimmer.cli import main
+
+    stdout = io.TextIOWrapper(io.BytesIO(), encoding="ascii")
+    monkeypatch.setattr(sys, "stdout", stdout)
+    monkeypatch.setattr("builtins.input", _typed(["[hello] hi"]))
+    with live_server(tiny_checkpoint, scripted=True) as server:
+        server.engine.engine.runner.add("[hello]", " to=self<|message|>A greeting.<|eom|>"
+                                                   "<|start|>assistant to=user<|message|>Caf\u00e9 \u2192 ok<|eot|>")
+        code = main(["chat", "--url", server.url, "--no-color", "--temperature", "0"])
+    stdout.flush()
+    assert code == 0 and b"Caf? ? ok\n" in stdout.buffer.getvalue()
+
+
 def test_chat_with_a_url_refuses_a_max_tokens_the_servers_context_cannot_hold_before_the_first_message(
         capsys, monkeypatch, tiny_checkpoint):
     """Every message was answered `HTTP 400: prompt (129 tokens) + max_tokens (2048) exceeds max_model_len=2048`."""
