@@ -834,8 +834,10 @@ def _batch_output(target: str, source: str) -> Iterator[_BatchOutput]:
 
 
 def _no_color() -> bool:
-    """Whether $NO_COLOR asks for no ANSI colours (no-color.org: set and not empty), as --no-color does."""
-    return bool(os.environ.get("NO_COLOR"))
+    """Whether the environment asks for no ANSI colours, as --no-color does: $NO_COLOR set and not empty
+    (no-color.org), or TERM=dumb, a terminal that shows escape sequences as text (as Python's own colours and rich
+    take it)."""
+    return bool(os.environ.get("NO_COLOR")) or os.environ.get("TERM") == "dumb"
 
 
 class _CannotListen(Exception):

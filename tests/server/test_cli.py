@@ -746,10 +746,12 @@ def test_a_shutdown_signal_stops_the_server_with_status_0(tiny_checkpoint, shutd
     assert "Finished server process" in output and "Traceback" not in output
 
 
-def test_no_color_keeps_ansi_colours_out_of_the_servers_log_on_a_terminal(tiny_checkpoint):
-    """uvicorn colours its log whenever stdout is a terminal, and NO_COLOR (no-color.org) was not passed on."""
+@pytest.mark.parametrize("environment", [{"NO_COLOR": "1"}, {"TERM": "dumb"}])
+def test_no_color_keeps_ansi_colours_out_of_the_servers_log_on_a_terminal(tiny_checkpoint, environment):
+    """uvicorn colours its log whenever stdout is a terminal, and NO_COLOR (no-color.org) was not passed on; nor was
+    TERM=dumb, a terminal that shows escape sequences as text (Emacs' shell)."""
     server = ServeProcess(["-m", "glimmer.cli", "serve", str(tiny_checkpoint), "--kv-cache-memory", "32MiB"],
-                          env={**os.environ, "NO_COLOR": "1"}, on_terminal=True)
+                          env={**os.environ, **environment}, on_terminal=True)
     try:
         server.wait_until_serving()
     finally:
@@ -758,15 +760,19 @@ def test_no_color_keeps_ansi_colours_out_of_the_servers_log_on_a_terminal(tiny_c
     assert "\x1b[" not in log
 
 
-@pytest.mark.parametrize(("no_color", "styled"), [("", True), ("1", False)])
-def test_no_color_keeps_ansi_styles_out_of_an_in_process_chat_on_a_terminal(capsys, monkeypatch, no_color, styled):
+@pytest.mark.parametrize(("no_color", "term", "styled"), [("", "xterm", True), ("1", "xterm", False),
+                                                           ("", "dumb", False)])
+def test_no_color_keeps_ansi_styles_out_of_an_in_process_chat_on_a_terminal(capsys, monkeypatch, no_color, term,
+                                                                            styled):
     """The default model reasons before it answers: its reasoning is dimmed on a terminal, unless NO_COLOR is set
-    (it was not read: only --no-color turned the styles off)."""
+    (it was not read: only --no-color turned the styles off) or TERM=dumb (not read either: such a terminal, Emacs'
+    shell, showed the escape sequences as text)."""
     from glimmer.cli import main
 
     typed = iter(["Hello", "/exit"])
     monkeypatch.setattr("builtins.input", lambda prompt: next(typed))
     monkeypatch.setenv("NO_COLOR", no_color)
+    monkeypatch.setenv("TERM", term)
     monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
     quieted = [logging.getLogger(), logging.getLogger("glimmer.protocol")]  # the chat quiets them
     levels = [logger.level for logger in quieted]
