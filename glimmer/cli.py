@@ -1064,6 +1064,14 @@ def _chat(args: argparse.Namespace, sigterm: SigtermWatch) -> int:
     """`glimmer chat` with SIGTERM raising Terminated."""
     from glimmer.server.chat_client import run_chat
 
+    # started with one closed (`<&-`, `>&-`: a daemonizer's, a job runner's), Python has none, and the chat failed in a
+    # traceback once the model had loaded
+    if sys.stdin is None:
+        raise UsageError("stdin is closed; the chat reads its messages from stdin: run it at a terminal, or pipe the "
+                         "messages in")
+    if sys.stdout is None:
+        raise UsageError("stdout is closed; the chat writes its replies to stdout: run it at a terminal, or send "
+                         "stdout to a file")
     if args.url is not None:  # `--url "$SERVER"` with SERVER unset: not an in-process chat
         _refuse_empty_argument(args.url, "--url", "give the server's address, e.g. http://127.0.0.1:8000, or leave "
                                                   "--url out to load the model in-process")
@@ -1097,7 +1105,7 @@ def _chat(args: argparse.Namespace, sigterm: SigtermWatch) -> int:
     color = not args.no_color and not _no_color() and sys.stdout.isatty()
     # messages piped in (`echo hi | glimmer chat`) are a script's: a failed one is an error on stderr and exit 1
     # after the rest; at a terminal the user sees it and goes on
-    interactive = sys.stdin is not None and sys.stdin.isatty()
+    interactive = sys.stdin.isatty()
     if isinstance(sys.stdin, io.TextIOWrapper):
         # input() decodes by stdin's error handler: surrogateescape only under the C locale or UTF-8 mode, 'strict'
         # under a UTF-8 locale (en_US.UTF-8), where a byte that is not UTF-8 was a UnicodeDecodeError traceback;

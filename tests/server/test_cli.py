@@ -1767,6 +1767,23 @@ def test_piped_bytes_that_are_not_utf8_are_sent_as_replacement_characters_under_
     assert out.count("[stopped at max_tokens]") == 2  # both lines answered
 
 
+@pytest.mark.parametrize(("stream", "line"), [
+    ("stdin", "stdin is closed; the chat reads its messages from stdin: run it at a terminal, or pipe the messages in"),
+    ("stdout", "stdout is closed; the chat writes its replies to stdout: run it at a terminal, or send stdout to a "
+               "file")])
+def test_a_chat_started_with_stdin_or_stdout_closed_is_one_line_before_the_model_loads(capsys, monkeypatch,
+                                                                                      tiny_checkpoint, stream, line):
+    """Started with it closed (`<&-`, `>&-`, as a daemonizer or a job runner may start it), Python has no such stream:
+    the model loaded, then input() raised `RuntimeError: input(): lost sys.stdin`, or sys.stdout.isatty() an
+    AttributeError, a traceback, exit 1."""
+    from glimmer.cli import main
+
+    monkeypatch.setattr(sys, stream, None)
+    monkeypatch.setattr("glimmer.cli._engine_from_args", lambda args: pytest.fail("the model was loaded"))
+    assert main(["chat", str(tiny_checkpoint)]) == 2
+    assert capsys.readouterr().err == f"glimmer: error: {line}\n"
+
+
 def test_a_piped_chat_with_a_url_exits_1_where_a_message_failed(capsys, monkeypatch, tiny_checkpoint):
     """As in-process: the server refusing a message exits 1 after the rest, the error on stderr."""
     from glimmer.cli import main
