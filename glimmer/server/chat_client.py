@@ -16,7 +16,7 @@ import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any, NoReturn, TextIO
 
 from glimmer.errors import GlimmerError
@@ -178,21 +178,12 @@ def stream_chat_completion(url: str, payload: dict[str, Any], api_key: str | Non
                                   "larger than its limit: `glimmer serve --max-request-bytes`, 4 MiB by default)"
                                   ) from None
         raise ChatClientError(f"cannot reach {url}: {error.reason}") from None
-    done = False
-
-    def lines() -> Iterator[str]:
-        nonlocal done
-        for line in response:
-            text = line.decode("utf-8", errors="replace")
-            done = done or text.strip() == "data: [DONE]"
-            yield text
-
     with response:
         try:
             # (a stream without a Content-Type, which a server of a few lines may send, is read as one)
             if "Content-Type" in response.headers and response.headers.get_content_type() != "text/event-stream":
                 _refuse_whole_reply(url, response)
-            yield from parse_sse_lines(lines())
+            done = yield from parse_sse_lines(line.decode("utf-8", errors="replace") for line in response)
         except (OSError, http.client.HTTPException) as error:
             raise ChatClientError(f"the connection to {url} broke mid-reply ({error})") from None
         except ValueError as error:
@@ -290,16 +281,18 @@ def check_server(url: str, api_key: str | None = None, model: str | None = None,
     return lengths.pop() if len(lengths) == 1 else None
 
 
-def parse_sse_lines(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
-    """The JSON payloads of `data:` lines, up to `data: [DONE]`."""
+def parse_sse_lines(lines: Iterable[str]) -> Generator[dict[str, Any], None, bool]:
+    """The JSON payloads of `data:` lines, up to `data: [DONE]` (the space after the colon is optional, as in any
+    event stream's field: `data:[DONE]`). Returns whether the stream reached [DONE]."""
     for line in lines:
         line = line.strip()
         if not line.startswith("data:"):
             continue
         data = line[len("data:"):].strip()
         if data == "[DONE]":
-            return
+            return True
         yield json.loads(data)
+    return False
 
 
 def _refusal(error: urllib.error.HTTPError) -> ServerRefusedError:

@@ -164,6 +164,18 @@ def test_a_broken_stream_is_a_chat_error_and_the_turn_is_dropped():
     assert [m["content"] for m in seen[2]["messages"]] == ["three"]
 
 
+def test_a_stream_whose_fields_have_no_space_after_the_colon_ends_at_its_done():
+    """`data:[DONE]` is `data: [DONE]` in an event stream (the space after a field's colon is optional); its events
+    were read, but the end was looked for as `data: [DONE]` alone: each reply was answered, then said to have 'ended
+    before it finished (no [DONE])' and dropped from the conversation."""
+    reply = (200, b'data:{"choices": [{"index": 0, "delta": {"content": "fine"}, "finish_reason": "stop"}]}\n\n'
+                  b"data:[DONE]\n\n")
+    with canned_server([reply, reply]) as (url, seen):
+        text = chat_text(url, ["one", "two"])
+    assert text.splitlines()[1:] == ["fine", "fine"]
+    assert [m["content"] for m in seen[1]["messages"]] == ["one", "fine", "two"]  # the first turn was kept
+
+
 def test_the_chat_counts_its_failed_turns_and_writes_their_errors_where_asked():
     """A script piping messages in could not tell that some failed: run_chat returned nothing. It returns how many
     turns failed, their errors on `err` (stderr for piped messages) and the replies on `out`."""
