@@ -259,6 +259,9 @@ def check_server(url: str, api_key: str | None = None, model: str | None = None,
         raise ChatClientError(f"{url} answered HTTP {error.code}: {message}") from None
     except (urllib.error.URLError, OSError, ValueError) as error:
         reason = getattr(error, "reason", error)
+        if isinstance(reason, ssl.SSLCertVerificationError):  # the server answered: it need not be started
+            raise ChatClientError(f"{url} sent a certificate this machine does not trust ({reason.verify_message}); "
+                                  f"{_certificate_fix(reason)}") from None
         # what OpenSSL calls a plain-HTTP answer to its handshake
         if isinstance(reason, ssl.SSLError) and reason.reason in ("WRONG_VERSION_NUMBER", "PACKET_LENGTH_TOO_LONG"):
             plain = "http://" + url.split("://", 1)[1]
@@ -279,6 +282,18 @@ def check_server(url: str, api_key: str | None = None, model: str | None = None,
     lengths = {length if isinstance(length := card.get("max_model_len"), int) else None
                for card in cards if model is None or card["id"] == model}
     return lengths.pop() if len(lengths) == 1 else None
+
+
+X509_V_ERR_HOSTNAME_MISMATCH = 62  # OpenSSL's verify code for a certificate issued to other names
+
+
+def _certificate_fix(error: ssl.SSLCertVerificationError) -> str:
+    """What makes a server's certificate that failed verification (`error`) trusted."""
+    if error.verify_code == X509_V_ERR_HOSTNAME_MISMATCH:
+        return "give the server's address by a name (or IP address) its certificate is issued to"
+    return ("if it is the server you meant (`glimmer serve --ssl-certfile` with a self-signed certificate, or one of a "
+            "private authority), trust it with SSL_CERT_FILE=PATH, the PEM file of that certificate or of its "
+            "authority")
 
 
 def parse_sse_lines(lines: Iterable[str]) -> Generator[dict[str, Any], None, bool]:

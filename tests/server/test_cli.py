@@ -1293,6 +1293,51 @@ def test_chat_with_a_model_the_server_does_not_serve_is_one_line_naming_the_serv
                              f"{server.url} does not serve the model 'nope'; it serves 'tiny', 'tiny-alias'")
 
 
+def test_chat_with_an_https_server_whose_certificate_is_not_trusted_says_how_to_trust_it(capsys, monkeypatch,
+                                                                                       tmp_path):
+    """A self-signed server (`glimmer serve --ssl-certfile`) was `cannot reach URL: [SSL: CERTIFICATE_VERIFY_FAILED]
+    ...; start the server there (`glimmer serve`)`, a server that was running; SSL_CERT_FILE is what trusts it (and
+    an address its certificate does not name is fixed by one it does)."""
+    import http.server
+    import threading
+
+    from glimmer.cli import main
+
+    key, cert = _self_signed(tmp_path)
+
+    class Models(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            body = b'{"object": "list", "data": [{"id": "m"}]}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Models)
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(cert, key)
+    server.socket = tls.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"https://127.0.0.1:{server.server_address[1]}"
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    monkeypatch.setattr("builtins.input", _typed([]))
+    try:
+        err = _fails_with_one_line(capsys, ["chat", "--url", url], f"{url} sent a certificate this machine does not "
+                                   "trust (self-signed certificate)", "SSL_CERT_FILE=")
+        assert "start the server" not in err
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # what the message says to do
+        assert main(["chat", "--url", url]) == 0
+        other_name = url.replace("127.0.0.1", "localhost")  # the certificate names 127.0.0.1 alone
+        err = _fails_with_one_line(capsys, ["chat", "--url", other_name], "Hostname mismatch",
+                                   "give the server's address by a name (or IP address) its certificate is issued to")
+        assert "SSL_CERT_FILE" not in err
+    finally:
+        server.shutdown()
+
+
 def test_chat_takes_a_base_url_ending_in_v1_as_openai_clients_do(capsys, monkeypatch, tiny_checkpoint):
     from glimmer.cli import main
 
