@@ -154,6 +154,21 @@ def _error_event_message(error: Any) -> str:
     return "the server reported an error"
 
 
+def authorization(api_key: str) -> bytes:
+    """The Authorization header for `api_key`: stripped, as the server strips its own (a key read from a file or an
+    env file may end in a newline, which no header can carry); in Latin-1 where the key fits it (as `requests` and
+    browsers send a key, and vLLM reads one), else in UTF-8 (as curl sends it; Glimmer's server takes either). Raises
+    ChatClientError, not echoing the key, for one holding a line break."""
+    key = api_key.strip()
+    if "\n" in key or "\r" in key:
+        raise ChatClientError("the API key (--api-key or GLIMMER_API_KEY) holds a line break, which no HTTP header can "
+                              "carry; give the key alone, on one line")
+    try:
+        return f"Bearer {key}".encode("latin-1")
+    except UnicodeEncodeError:
+        return f"Bearer {key}".encode()
+
+
 def stream_chat_completion(url: str, payload: dict[str, Any], api_key: str | None = None,
                            timeout_s: float = 600.0) -> Iterator[dict[str, Any]]:
     """POST a streaming chat request to `url` (the server's address, with or without `/v1`) and yield its
@@ -161,9 +176,9 @@ def stream_chat_completion(url: str, payload: dict[str, Any], api_key: str | Non
     reached, for an answer that is not an event stream (one JSON body, a web page), and for a stream that breaks: a
     connection lost, an event that is not JSON, or an end before `data: [DONE]`."""
     body = json.dumps({**payload, "stream": True}).encode()
-    headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+    headers: dict[str, str | bytes] = {"Content-Type": "application/json", "Accept": "text/event-stream"}
     if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
+        headers["Authorization"] = authorization(api_key)
     request = urllib.request.Request(f"{server_root(url)}/v1/chat/completions", body, headers, method="POST")
     try:
         response = urllib.request.urlopen(request, timeout=timeout_s)
@@ -240,7 +255,7 @@ def check_server(url: str, api_key: str | None = None, model: str | None = None,
     Raises ChatClientError (one line) when `url` is not an http(s) URL, cannot be reached, refuses, or lists its
     models and `model` is not among them (the message names them)."""
     check_server_url(url)
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = {"Authorization": authorization(api_key)} if api_key else {}
     models_url = f"{server_root(url)}/v1/models"
     request = urllib.request.Request(models_url, headers=headers)
     try:

@@ -434,6 +434,30 @@ def test_a_keyed_server_refusing_the_chat_says_how_to_give_the_key(make_tiny, ap
     assert message.endswith("pass the server's key with --api-key KEY or set GLIMMER_API_KEY")
 
 
+@pytest.mark.parametrize("key", ["sk\u2010\u043a\u043b\u044e\u0447", "caf\u00e9-key"])
+def test_a_key_outside_ascii_reaches_a_glimmer_server_that_holds_it(make_tiny, key):
+    """A key beyond Latin-1 (a pasted U+2010 hyphen, Cyrillic) could not be put in a header by http.client: the chat
+    said `cannot reach URL: ... ordinal not in range(256); start the server there`, of a running server. It is sent in
+    UTF-8, as curl sends it, which the server takes; a key within Latin-1 still goes as Latin-1 (as vLLM reads it)."""
+    with live_server(make_tiny(), api_key=key) as server:
+        check_server(server.url, key)
+        lines, out = iter(["hello", "/exit"]), io.StringIO()
+        failed = run_chat(server.url, model=None, api_key=key, out=out, read_line=lambda prompt: next(lines),
+                          request_options={"max_tokens": 2}, color=False)
+    assert failed == 0 and "error" not in out.getvalue()
+
+
+def test_a_key_ending_in_a_newline_is_sent_without_it_and_one_holding_a_line_break_is_refused_unechoed(make_tiny):
+    """A key read from a file (`GLIMMER_API_KEY="$(<key.txt)"` keeps none, an env file may) ended in a newline, which
+    no header can carry: the chat said `cannot reach URL: Invalid header value b'Bearer KEY\\n'`, echoing the key,
+    and to start the server. The server strips its own key; the chat strips the one it sends."""
+    with live_server(make_tiny(), api_key="secret-key") as server:
+        check_server(server.url, "secret-key\n")
+        with pytest.raises(ChatClientError) as refused:
+            check_server(server.url, "secret\nkey")
+    assert "secret" not in str(refused.value) and "a line break, which no HTTP header can carry" in str(refused.value)
+
+
 @pytest.mark.parametrize("url", ["notaurl", "localhost:8000", "file:///etc/passwd", "http://", "http://h:99999"])
 def test_a_url_that_is_not_an_http_server_address_is_refused_before_any_request(url):
     with pytest.raises(ChatClientError, match="http://127.0.0.1:8000"):
