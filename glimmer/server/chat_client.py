@@ -357,8 +357,9 @@ def run_chat(url: str, *, model: str | None, api_key: str | None, out: TextIO, r
              request_options: dict[str, Any] | None = None, color: bool = True,
              max_model_len: int | None = None, in_process: bool = False, err: TextIO | None = None) -> int:
     """The chat loop: read a line, stream the reply, repeat. `/reset` clears the history; `/exit` or EOF ends; Ctrl-C
-    during a reply stops it and drops the turn. Returns the number of turns that failed (an error written, the turn
-    dropped); `err`, where their errors go (None: `out`, beside the replies).
+    during a reply stops it and drops the turn, Ctrl-C at a prompt raises KeyboardInterrupt (the prompt's line ended).
+    Returns the number of turns that failed (an error written, the turn dropped); `err`, where their errors go (None:
+    `out`, beside the replies).
     Another `/command` is not sent: the chat lists the commands; `//text` sends `/text`.
     `max_model_len`: the model's context length in tokens, if known, to tell a reply cut by it from one cut by
     max_tokens. `in_process`: the server at `url` runs in this process for the chat alone (`glimmer chat` without
@@ -420,7 +421,11 @@ def run_chat(url: str, *, model: str | None, api_key: str | None, out: TextIO, r
         input (a newline written). An unknown /command is answered with the commands and asked again; `//`
         starts a line that is sent with one leading `/`."""
         while True:
-            line = _read(read_line, prompt)
+            try:
+                line = _read(read_line, prompt)
+            except KeyboardInterrupt:  # Ctrl-C at a prompt ends the chat: its line ends first, as after Ctrl-D
+                out.write("\n")
+                raise
             if line is None:
                 out.write("\n")
                 raise _Exit

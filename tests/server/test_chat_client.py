@@ -329,6 +329,20 @@ def test_ctrl_c_during_a_reply_stops_it_and_the_chat_goes_on_without_the_turn():
     assert [m["content"] for m in seen[1]["messages"]] == ["two"]
 
 
+def test_ctrl_c_at_a_prompt_ends_the_chat_after_ending_the_prompts_line():
+    """Ctrl-C at `you>` ends the chat (status 130), as README says; it left the terminal's line open after `you> ^C`,
+    so the shell's prompt went on that line, where Ctrl-D (and /exit) end it first."""
+    out = io.StringIO()
+
+    def read_line(prompt: str) -> str:
+        out.write(prompt)  # as input() writes it
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_chat("http://127.0.0.1:9", model=None, api_key=None, out=out, read_line=read_line, color=False)
+    assert out.getvalue().endswith("you> \n")
+
+
 def test_sse_lines_parse_until_done():
     lines = ['data: {"a": 1}', "", ": comment", 'data: {"b": 2}', "data: [DONE]", 'data: {"c": 3}']
     assert list(parse_sse_lines(lines)) == [{"a": 1}, {"b": 2}]
