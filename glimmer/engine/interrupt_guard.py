@@ -19,16 +19,24 @@ class InterruptsBetweenSteps:
     """A context manager that holds SIGINT's KeyboardInterrupt to `check()`. It takes SIGINT over only in the main
     thread (the only one Python delivers signals to) and only from Python's own handler: a handler of the caller's
     is left to do as it does, and a call nested in one that holds SIGINT (a progress bar's callable that generates on
-    another LLM) leaves it to that one."""
+    another LLM) reads that one's note at its own checks."""
 
     def __init__(self) -> None:
         self._noted = False
         self._previous: object = None
+        self._holder = self  # the guard whose handler notes SIGINT: this one, or the one this call is nested in
 
     def __enter__(self) -> InterruptsBetweenSteps:
-        if (threading.current_thread() is threading.main_thread()
-                and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
-            self._previous = signal.signal(signal.SIGINT, self._note)
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        handler = signal.getsignal(signal.SIGINT)
+        if getattr(handler, "__func__", None) is InterruptsBetweenSteps._note:
+            self._holder = handler.__self__  # type: ignore[union-attr]
+        elif handler is signal.default_int_handler:
+            try:
+                self._previous = signal.signal(signal.SIGINT, self._note)
+            except ValueError:  # a subinterpreter's main thread may not set handlers: SIGINT is left as it is
+                pass
         return self
 
     def _note(self, signum: int, frame: FrameType | None) -> None:
@@ -36,10 +44,13 @@ class InterruptsBetweenSteps:
             raise KeyboardInterrupt
         self._noted = True
 
+    def _take_note(self) -> bool:
+        noted, self._holder._noted = self._holder._noted, False
+        return noted
+
     def check(self) -> None:
         """Raises the KeyboardInterrupt of a SIGINT noted since the last check."""
-        if self._noted:
-            self._noted = False
+        if self._take_note():
             raise KeyboardInterrupt
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -47,5 +58,7 @@ class InterruptsBetweenSteps:
         if self._previous is not None:
             signal.signal(signal.SIGINT, self._previous)  # type: ignore[arg-type]
             self._previous = None
-        if exc_type is None:
-            self.check()  # a SIGINT in the call's last step: raised as it would have been, once the call is whole
+        # a SIGINT noted in the call's last step, or in a step that raised something else (a request refused, a
+        # grammar's failure that a loop over prompts catches), is raised as it would have been, once the call is whole
+        if (exc_type is None or not issubclass(exc_type, KeyboardInterrupt)) and self._take_note():
+            raise KeyboardInterrupt from exc

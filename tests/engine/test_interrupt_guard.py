@@ -60,15 +60,51 @@ def test_a_second_ctrl_c_raises_at_once_and_the_handler_is_given_back():
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
-def test_a_call_nested_in_one_that_holds_ctrl_c_leaves_it_to_that_one():
-    """A use_tqdm callable generating on another LLM: the outer call raises the interrupt, here as it ends (a Ctrl-C
-    noted in a call's last step is raised once the call is whole)."""
+def test_a_call_nested_in_one_that_holds_ctrl_c_raises_it_at_its_own_checks():
+    """A use_tqdm callable generating on another LLM: the inner call reads the outer one's note at its own checks, where
+    it had left the interrupt to the outer call's next check, after the whole inner call."""
     reached = []
-    with pytest.raises(KeyboardInterrupt), InterruptsBetweenSteps():
-        with InterruptsBetweenSteps():
+    with pytest.raises(KeyboardInterrupt), InterruptsBetweenSteps() as outer:
+        with InterruptsBetweenSteps() as inner:
             signal.raise_signal(signal.SIGINT)
-        reached.append("the inner call ended")
-    assert reached == ["the inner call ended"]
+            reached.append("noted")
+            inner.check()
+            reached.append("the inner call went on")
+        outer.check()
+    assert reached == ["noted"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_ctrl_c_noted_in_a_step_that_raised_something_else_is_not_lost():
+    """A SIGINT noted in the step that then raised a RequestError (a grammar's failure, a later prompt refused) was
+    dropped with the note: a loop over prompts catching RequestError never saw the Ctrl-C."""
+    failure = ValueError("a request refused")
+    with pytest.raises(KeyboardInterrupt) as raised, InterruptsBetweenSteps():
+        signal.raise_signal(signal.SIGINT)
+        raise failure
+    assert raised.value.__cause__ is failure
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_ctrl_c_while_a_request_is_queued_stops_the_call_before_the_next_is(llm, monkeypatch):
+    """The check after each request is queued: a Ctrl-C in queuing the first of three prompts is raised before the
+    second is queued, and the one queued is aborted."""
+    expected = _token_ids(llm)
+    add_request, queued = llm.engine.add_request, []
+
+    def add_under_ctrl_c(request_id, *args, **kwargs):
+        queued.append(request_id)
+        add_request(request_id, *args, **kwargs)
+        if len(queued) == 1:
+            signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(llm.engine, "add_request", add_under_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate(PROMPTS, PARAMS)
+    monkeypatch.undo()
+    assert len(queued) == 1
+    assert not llm.engine.has_unfinished_requests
+    assert _token_ids(llm) == expected
 
 
 def test_a_callers_own_sigint_handler_and_other_threads_are_left_alone():
