@@ -23,15 +23,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from glimmer.engine.tokenizer import NO_LENGTH_LIMIT
 from glimmer.errors import RequestError
 from glimmer.protocol import ChatTemplate, RenderedPrompt
 from glimmer.protocol.chat_template import REASONING_FIELDS
 from glimmer.protocol.tokens import MESSAGE
 
 TENSOR_TYPES = ("pt", "np")
-NO_LENGTH_LIMIT = int(1e20)
-"""transformers' LARGE_INTEGER: a length limit above it is none (a tokenizer_config.json without `model_max_length`
-gives 1e30), and padding='max_length' to it pads nothing, as transformers pads nothing there."""
 """The `return_tensors` values supported: torch tensors and numpy arrays (transformers also knows 'mlx')."""
 
 

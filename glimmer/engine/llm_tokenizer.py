@@ -28,7 +28,7 @@ from glimmer.engine.chat_rendering import (
     compiled_template_argument,
     render_conversation,
 )
-from glimmer.engine.tokenizer import NAMED_TOKEN_NAMES, SIDES, Tokenizer
+from glimmer.engine.tokenizer import NAMED_TOKEN_NAMES, SIDES, Tokenizer, positive_length
 from glimmer.errors import RequestError
 from glimmer.protocol import normalize_tools, resolve_reasoning_strength
 from glimmer.protocol.tool_choice import plan_tools
@@ -193,9 +193,7 @@ class LLMTokenizer:
 
     @model_max_length.setter
     def model_max_length(self, limit: int) -> None:
-        if not is_token_id(limit) or operator.index(limit) < 1:
-            raise ValueError(f"model_max_length must be a positive integer, not {limit!r}")
-        self._model_max_length = operator.index(limit)
+        self._model_max_length = positive_length(limit)
 
     @property
     def padding_side(self) -> str:

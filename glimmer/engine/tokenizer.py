@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import operator
 import os
 import re
 import unicodedata
@@ -79,6 +80,22 @@ WHITESPACE = "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\
     "\u2028\u2029\u202f\u205f\u3000"
 VERY_LARGE_INTEGER = int(1e30)
 """transformers' `model_max_length` when tokenizer_config.json gives none: inputs of any length."""
+NO_LENGTH_LIMIT = int(1e20)
+"""transformers' LARGE_INTEGER: a length limit above it is none (a tokenizer_config.json without `model_max_length`
+gives VERY_LARGE_INTEGER), and padding='max_length' to it pads nothing, as transformers pads nothing there."""
+
+
+def positive_length(value: object) -> int:
+    """`value` as a `model_max_length`: an int >= 1, or a float that is one (JSON writes 1e30 as a float); ValueError
+    otherwise."""
+    length = int(value) if isinstance(value, float) and value.is_integer() else value
+    try:
+        length = operator.index(length) if not isinstance(length, bool) else 0  # type: ignore[arg-type]
+    except TypeError:
+        length = 0
+    if length < 1:
+        raise ValueError(f"model_max_length must be a positive integer, not {value!r}")
+    return length
 SIDES = ("right", "left")
 
 
@@ -794,10 +811,11 @@ def _read_shape_settings(config: Mapping[str, object], path: Path) -> ShapeSetti
     out. Raises CheckpointError naming the field and the file for a side other than 'right' or 'left' (transformers
     refuses the file too) and for a `model_max_length` that is no positive integer."""
     limit = config.get("model_max_length")
-    if isinstance(limit, float) and limit.is_integer():
-        limit = int(limit)  # JSON written as 1e+30
-    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
-        raise CheckpointError(f"model_max_length={limit!r} in {path} is not a positive integer")
+    if limit is not None:
+        try:
+            limit = positive_length(limit)
+        except ValueError:
+            raise CheckpointError(f"model_max_length={limit!r} in {path} is not a positive integer") from None
     sides = {}
     for name in ("padding_side", "truncation_side"):
         sides[name] = config.get(name, "right")
