@@ -299,12 +299,13 @@ def check_server(url: str, api_key: str | None = None, model: str | None = None,
     return lengths.pop() if len(lengths) == 1 else None
 
 
-X509_V_ERR_HOSTNAME_MISMATCH = 62  # OpenSSL's verify code for a certificate issued to other names
+# OpenSSL's verify codes for a certificate issued to other names: a URL's host name, or its IP address
+X509_V_ERR_HOSTNAME_MISMATCH, X509_V_ERR_IP_ADDRESS_MISMATCH = 62, 64
 
 
 def _certificate_fix(error: ssl.SSLCertVerificationError) -> str:
     """What makes a server's certificate that failed verification (`error`) trusted."""
-    if error.verify_code == X509_V_ERR_HOSTNAME_MISMATCH:
+    if error.verify_code in (X509_V_ERR_HOSTNAME_MISMATCH, X509_V_ERR_IP_ADDRESS_MISMATCH):
         return "give the server's address by a name (or IP address) its certificate is issued to"
     return ("if it is the server you meant (`glimmer serve --ssl-certfile` with a self-signed certificate, or one of a "
             "private authority), trust it with SSL_CERT_FILE=PATH, the PEM file of that certificate or of its "

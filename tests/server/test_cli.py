@@ -15,6 +15,7 @@ import ssl
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -413,13 +414,15 @@ def test_a_vllm_hf_token_is_refused_without_repeating_it(capsys):
     assert "hf_secret123" not in err
 
 
-def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
+def _self_signed(tmp_path: Path, name: str = "IP:127.0.0.1") -> tuple[Path, Path]:
+    """A key and a self-signed certificate issued to `name` (subjectAltName: IP:ADDRESS or DNS:NAME)."""
     if shutil.which("openssl") is None:
         pytest.skip("needs the openssl command to make a certificate")
-    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    stem = name.replace(":", "-")
+    key, cert = tmp_path / f"{stem}-key.pem", tmp_path / f"{stem}-cert.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
-                    str(cert), "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
-                   check=True, capture_output=True, timeout=60)
+                    str(cert), "-days", "1", "-subj", f"/CN={name.split(':', 1)[1]}", "-addext",
+                    f"subjectAltName={name}"], check=True, capture_output=True, timeout=60)
     return key, cert
 
 
@@ -1293,17 +1296,11 @@ def test_chat_with_a_model_the_server_does_not_serve_is_one_line_naming_the_serv
                              f"{server.url} does not serve the model 'nope'; it serves 'tiny', 'tiny-alias'")
 
 
-def test_chat_with_an_https_server_whose_certificate_is_not_trusted_says_how_to_trust_it(capsys, monkeypatch,
-                                                                                       tmp_path):
-    """A self-signed server (`glimmer serve --ssl-certfile`) was `cannot reach URL: [SSL: CERTIFICATE_VERIFY_FAILED]
-    ...; start the server there (`glimmer serve`)`, a server that was running; SSL_CERT_FILE is what trusts it (and
-    an address its certificate does not name is fixed by one it does)."""
+@contextlib.contextmanager
+def _https_model_list(key: Path, cert: Path) -> Iterator[str]:
+    """The URL of an HTTPS server on 127.0.0.1 with `cert` that lists one model, 'm'."""
     import http.server
     import threading
-
-    from glimmer.cli import main
-
-    key, cert = _self_signed(tmp_path)
 
     class Models(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 (http.server's name)
@@ -1321,10 +1318,23 @@ def test_chat_with_an_https_server_whose_certificate_is_not_trusted_says_how_to_
     tls.load_cert_chain(cert, key)
     server.socket = tls.wrap_socket(server.socket, server_side=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"https://127.0.0.1:{server.server_address[1]}"
+    try:
+        yield f"https://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+
+
+def test_chat_with_an_https_server_whose_certificate_is_not_trusted_says_how_to_trust_it(capsys, monkeypatch,
+                                                                                       tmp_path):
+    """A self-signed server (`glimmer serve --ssl-certfile`) was `cannot reach URL: [SSL: CERTIFICATE_VERIFY_FAILED]
+    ...; start the server there (`glimmer serve`)`, a server that was running; SSL_CERT_FILE is what trusts it (and
+    an address its certificate does not name is fixed by one it does)."""
+    from glimmer.cli import main
+
+    key, cert = _self_signed(tmp_path)
     monkeypatch.delenv("SSL_CERT_FILE", raising=False)
     monkeypatch.setattr("builtins.input", _typed([]))
-    try:
+    with _https_model_list(key, cert) as url:
         err = _fails_with_one_line(capsys, ["chat", "--url", url], f"{url} sent a certificate this machine does not "
                                    "trust (self-signed certificate)", "SSL_CERT_FILE=")
         assert "start the server" not in err
@@ -1334,8 +1344,19 @@ def test_chat_with_an_https_server_whose_certificate_is_not_trusted_says_how_to_
         err = _fails_with_one_line(capsys, ["chat", "--url", other_name], "Hostname mismatch",
                                    "give the server's address by a name (or IP address) its certificate is issued to")
         assert "SSL_CERT_FILE" not in err
-    finally:
-        server.shutdown()
+
+
+def test_chat_with_an_ip_address_a_trusted_certificate_does_not_name_says_to_give_a_name_it_does(capsys, monkeypatch,
+                                                                                              tmp_path):
+    """A certificate issued to localhost reached as https://127.0.0.1 (OpenSSL's IP address mismatch, verify code 64,
+    not the hostname mismatch 62) was told to trust it with SSL_CERT_FILE, which it already was."""
+    key, cert = _self_signed(tmp_path, "DNS:localhost")
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    monkeypatch.setattr("builtins.input", _typed([]))
+    with _https_model_list(key, cert) as url:
+        err = _fails_with_one_line(capsys, ["chat", "--url", url], "IP address mismatch",
+                                   "give the server's address by a name (or IP address) its certificate is issued to")
+        assert "SSL_CERT_FILE" not in err
 
 
 def test_chat_takes_a_base_url_ending_in_v1_as_openai_clients_do(capsys, monkeypatch, tiny_checkpoint):
