@@ -20,6 +20,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any, NoReturn, TextIO
 
 from glimmer.errors import GlimmerError
+from glimmer.server.settings import UNSENDABLE_KEY, sendable_in_a_header
 
 DIM = "\x1b[2m"
 TOOL = "\x1b[36m"
@@ -154,19 +155,21 @@ def _error_event_message(error: Any) -> str:
     return "the server reported an error"
 
 
-def authorization(api_key: str) -> bytes:
-    """The Authorization header for `api_key`: stripped, as the server strips its own (a key read from a file or an
-    env file may end in a newline, which no header can carry); in Latin-1 where the key fits it (as `requests` and
-    browsers send a key, and vLLM reads one), else in UTF-8 (as curl sends it; Glimmer's server takes either). Raises
-    ChatClientError, not echoing the key, for one holding a line break."""
-    key = api_key.strip()
-    if "\n" in key or "\r" in key:
-        raise ChatClientError("the API key (--api-key or GLIMMER_API_KEY) holds a line break, which no HTTP header can "
-                              "carry; give the key alone, on one line")
+def authorization_headers(api_key: str | None) -> dict[str, str | bytes]:
+    """The Authorization header for `api_key`, stripped as the server strips its own (a key read from a file or an
+    env file may end in a newline, which no header can carry); none for no key, an empty one or a blank one (as
+    `GLIMMER_API_KEY=` sends none). In Latin-1 where the key fits it (as `requests` and browsers send a key, and vLLM
+    reads one), else in UTF-8 (as curl sends it; Glimmer's server takes either). Raises ChatClientError, not echoing
+    the key, for one the server's rule (`sendable_in_a_header`) refuses: a control character inside."""
+    key = (api_key or "").strip()
+    if not key:
+        return {}
+    if not sendable_in_a_header(key):
+        raise ChatClientError(f"the API key (--api-key or GLIMMER_API_KEY) {UNSENDABLE_KEY}")
     try:
-        return f"Bearer {key}".encode("latin-1")
+        return {"Authorization": f"Bearer {key}".encode("latin-1")}
     except UnicodeEncodeError:
-        return f"Bearer {key}".encode()
+        return {"Authorization": f"Bearer {key}".encode()}
 
 
 def stream_chat_completion(url: str, payload: dict[str, Any], api_key: str | None = None,
@@ -176,9 +179,7 @@ def stream_chat_completion(url: str, payload: dict[str, Any], api_key: str | Non
     reached, for an answer that is not an event stream (one JSON body, a web page), and for a stream that breaks: a
     connection lost, an event that is not JSON, or an end before `data: [DONE]`."""
     body = json.dumps({**payload, "stream": True}).encode()
-    headers: dict[str, str | bytes] = {"Content-Type": "application/json", "Accept": "text/event-stream"}
-    if api_key:
-        headers["Authorization"] = authorization(api_key)
+    headers = {"Content-Type": "application/json", "Accept": "text/event-stream", **authorization_headers(api_key)}
     request = urllib.request.Request(f"{server_root(url)}/v1/chat/completions", body, headers, method="POST")
     try:
         response = urllib.request.urlopen(request, timeout=timeout_s)
@@ -255,7 +256,7 @@ def check_server(url: str, api_key: str | None = None, model: str | None = None,
     Raises ChatClientError (one line) when `url` is not an http(s) URL, cannot be reached, refuses, or lists its
     models and `model` is not among them (the message names them)."""
     check_server_url(url)
-    headers = {"Authorization": authorization(api_key)} if api_key else {}
+    headers = authorization_headers(api_key)
     models_url = f"{server_root(url)}/v1/models"
     request = urllib.request.Request(models_url, headers=headers)
     try:
@@ -268,7 +269,7 @@ def check_server(url: str, api_key: str | None = None, model: str | None = None,
                                   "give the server's address, e.g. http://127.0.0.1:8000 (a trailing /v1 is fine), "
                                   "not an endpoint's") from None
         if error.code == 401:  # the server's message tells an HTTP client how to send a key; say how to give one
-            what = "refused the API key given" if api_key else "needs an API key"
+            what = "refused the API key given" if headers else "needs an API key"
             raise ChatClientError(f"{url} {what} (HTTP 401: {message}); pass the server's key with --api-key KEY "
                                   "or set GLIMMER_API_KEY") from None
         raise ChatClientError(f"{url} answered HTTP {error.code}: {message}") from None

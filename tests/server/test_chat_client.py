@@ -27,6 +27,7 @@ from glimmer.server.chat_client import (
     run_chat,
     server_root,
 )
+from glimmer.server.settings import UNSENDABLE_KEY
 
 
 def chunk(**delta):
@@ -469,7 +470,25 @@ def test_a_key_ending_in_a_newline_is_sent_without_it_and_one_holding_a_line_bre
         check_server(server.url, "secret-key\n")
         with pytest.raises(ChatClientError) as refused:
             check_server(server.url, "secret\nkey")
-    assert "secret" not in str(refused.value) and "a line break, which no HTTP header can carry" in str(refused.value)
+    assert "secret" not in str(refused.value) and "a control character, which no HTTP header can carry" in str(
+        refused.value)
+
+
+@pytest.mark.parametrize("key", ["secret\x00key", "secret\x1bkey", "secret\x7fkey"])
+def test_a_key_holding_any_control_character_is_refused_unechoed_by_the_servers_rule(make_tiny, key):
+    """The chat refused a line break alone; another control character (NUL, ESC, DEL), which `glimmer serve` refuses
+    in its own key (`sendable_in_a_header`), went on to the request. It is refused in the server's words."""
+    with live_server(make_tiny(), api_key="secret-key") as server, pytest.raises(ChatClientError) as refused:
+        check_server(server.url, key)
+    assert "secret" not in str(refused.value) and UNSENDABLE_KEY in str(refused.value)
+
+
+def test_a_blank_key_is_no_key_as_an_empty_one_is(make_tiny):
+    """A whitespace-only GLIMMER_API_KEY stripped to nothing and was sent as `Bearer `, so a keyed server said it
+    refused the key given; like an empty one (`GLIMMER_API_KEY=`), it is no key."""
+    with live_server(make_tiny(), api_key="secret-key") as server, pytest.raises(ChatClientError) as refused:
+        check_server(server.url, " \t ")
+    assert "needs an API key" in str(refused.value)
 
 
 @pytest.mark.parametrize("url", ["notaurl", "localhost:8000", "file:///etc/passwd", "http://", "http://h:99999"])
