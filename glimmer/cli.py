@@ -63,9 +63,8 @@ class _ArgumentParser(argparse.ArgumentParser):
         if self.commands:  # the top parser
             # each JSON option with the parser of its value (--speculative-config's is a JSON object, read later)
             json_options = {option: action.type or _json_object for command in self.commands.values()
-                            for action in command._actions
-                            if action.type in (_json_object, _limit_mm_per_prompt)
-                            or action.dest == "speculative_config" for option in action.option_strings}
+                            for action in command._actions if _takes_dotted_keys(action)
+                            for option in action.option_strings}
             options = {option for command in self.commands.values() for option in command._option_string_actions}
             try:
                 spelt = _with_underscores_as_dashes(list(sys.argv[1:] if args is None else args), options)
@@ -101,6 +100,16 @@ def _spelt_with_dashes(token: str, options: Container[str]) -> str:
     return dashed + rest if name.startswith("--") and "_" in name and dashed in options else token
 
 
+def _takes_dotted_keys(action: argparse.Action) -> bool:
+    """Whether `action` is a JSON object's option, whose keys vLLM takes dotted (`--hf-overrides.a 1`)."""
+    return action.type in (_json_object, _limit_mm_per_prompt) or action.dest == "speculative_config"
+
+
+def _dotted_keys_option(name: str) -> str:
+    """The option whose key a dotted key before its dot (`name`) gives: vLLM's -O.level=3 is --compilation-config's."""
+    return "--compilation-config" if name == "-O" else name
+
+
 def _with_config_file_options(argv: list[str], commands: Mapping[str, argparse.ArgumentParser]) -> list[str]:
     """`argv` with vLLM's `--config FILE` (a YAML mapping of long option names to values, as `vllm serve --config`
     reads it) replaced by the file's options, after which the command line's own win: an option the command line
@@ -132,7 +141,10 @@ def _with_config_file_options(argv: list[str], commands: Mapping[str, argparse.A
     options = _read_config_file(path)
     for key, value in options.items():
         flag = _spelt_with_dashes(f"--{key}", actions)
-        action = actions.get(flag.partition(".")[0])  # a dotted key's option (--hf-overrides for hf-overrides.a)
+        name, dot, _ = flag.partition(".")
+        # a dotted key's option (--hf-overrides for hf-overrides.a), a JSON object's alone
+        action = actions.get(_dotted_keys_option(name) if dot else name)
+        action = None if dot and action is not None and not _takes_dotted_keys(action) else action
         if flag == "--config":
             raise UsageError(f"--config {path} names another --config file; give its options in this one")
         if action is None:
@@ -191,7 +203,9 @@ def _positional_arguments(tokens: list[str], actions: Mapping[str, argparse.Acti
         if token == "--":
             return positional + tokens[index:]
         name, dot, _ = token.partition(".")
-        action = None if "=" in token else actions.get(name)
+        action = None if "=" in token else actions.get(_dotted_keys_option(name) if dot else name)
+        if dot and action is not None and not _takes_dotted_keys(action):
+            action = None  # a dotted key is a JSON object option's alone: argparse knows no other, nor its value
         if not token.startswith("-") or token == "-":
             positional.append(token)
         elif action is not None and dot:  # a dotted key takes one value (--hf-overrides.a 1), as its option does
@@ -225,7 +239,7 @@ def _with_dotted_keys_joined(argv: list[str], json_options: Mapping[str, Callabl
             positional = argv[index:]
             break
         name, dot, path = token.partition(".")
-        name = "--compilation-config" if name == "-O" else name  # vLLM's -O.level=3
+        name = _dotted_keys_option(name)
         if not dot or name not in json_options:
             rest.append(token)
             index += 1

@@ -301,6 +301,17 @@ def test_a_dotted_keys_value_is_no_model_beside_a_config_file(tmp_path, dotted):
     assert (args.model, args.model_option) == (None, "./m")
 
 
+def test_a_dotted_key_of_an_option_that_is_no_json_object_takes_no_value_beside_a_config_file():
+    """`--enforce-eager.x ./m` was read as a dotted key, as --hf-overrides.a's is, and took ./m for its value: a dotted
+    key is a JSON object option's alone, and argparse refuses any other (unrecognized arguments)."""
+    from glimmer.cli import _positional_arguments
+
+    actions = build_parser().commands["serve"]._option_string_actions
+    assert _positional_arguments(["--enforce-eager.x", "./m"], actions) == ["./m"]
+    assert _positional_arguments(["--max-model-len.x", "./m"], actions) == ["./m"]
+    assert _positional_arguments(["--hf-overrides.a", "1", "./m"], actions) == ["./m"]
+
+
 def test_a_dotted_key_in_a_config_file_yields_to_the_command_lines_whole_object(tmp_path):
     config = tmp_path / "config.yaml"
     config.write_text("speculative-config.num_speculative_tokens: 3\nhf_overrides.a: 1\n")
@@ -330,6 +341,8 @@ def test_a_config_files_list_gives_an_option_whose_repeats_replace_all_its_items
     ("enforce_eagr: false\n", ("--config {path}: enforce_eagr names no option of glimmer serve",)),
     ("enforce-eagr: true\nport: 1\n", ("--config {path}: enforce-eagr names no option of glimmer serve",)),
     ("seeds: null\n", ("--config {path}: seeds names no option",)),
+    ("max-model-len.x: 1\n", ("--config {path}: max-model-len.x names no option of glimmer serve",)),
+    ("enforce-eager.x: true\n", ("--config {path}: enforce-eager.x names no option of glimmer serve",)),
     ('{"architectures": ["LlamaForCausalLM"], "hidden_size": 8, "model_type": "llama"}',
      ("--config {path}: architectures names no option of glimmer serve", "a checkpoint's config.json")),
     (b"max-model-len: 5 # caf\xe9\n", ("--config {path} is not UTF-8 text",)),
