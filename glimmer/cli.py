@@ -115,8 +115,12 @@ def _with_config_file_options(argv: list[str], commands: Mapping[str, argparse.A
     reads it) replaced by the file's options, after which the command line's own win: an option the command line
     gives (in any of its spellings) is left out of the file's, and so is the file's `model` where the command line
     names one. A true value is the flag alone, a false one the flag's `--no-` form where it has one (else its
-    default), a list its items, an object its JSON, null the default. Raises UsageError naming --config for a file
-    that cannot be read, or is not such a mapping."""
+    default), an object its JSON, null the default; a list is its items, each a repeat of the option where repeats
+    add to it (served-model-name), else the option and all its items together (nargs '+', cuda-graph-sizes), placed
+    after the command line's options (before a `--`) so that no MODEL follows them. A dotted key (hf-overrides.a) is a
+    JSON object option's key. Raises UsageError naming --config and the file for a file that cannot be read or is not
+    such a mapping, for a key that names no option of the command (the key as written; a checkpoint's config.json is
+    named as such), and for a key naming another --config."""
     start = 0  # the command's place: glimmer's own options may come before it (--log-level LEVEL)
     while start < len(argv) and argv[start] not in commands:
         start += 2 if argv[start] == "--log-level" else 1
@@ -152,7 +156,7 @@ def _with_config_file_options(argv: list[str], commands: Mapping[str, argparse.A
             raise UsageError(f"--config {path}: {key} names no option of {command.prog}" + (
                 ": the file looks like a checkpoint's config.json, which is read from MODEL's folder; --config takes a "
                 "YAML file of the command's options" if checkpoint else f" ({command.prog} --help lists them)"))
-        if value is None or (action is not None and action.dest in own) or (key == "model" and names_a_model):
+        if value is None or action.dest in own or (key == "model" and names_a_model):
             continue
         if isinstance(value, bool):
             from_file += [flag] if value else [f"--no-{flag[2:]}"] * (f"--no-{flag[2:]}" in actions)
