@@ -808,13 +808,27 @@ class _BatchOutput:
             raise UsageError(f"--output-file {self.target}: {error.strerror or error}") from None
 
 
-def _utf8_stdout() -> TextIO:
-    """sys.stdout, writing UTF-8 whatever the locale's encoding: a JSON Lines file is UTF-8 text, and under another
-    (PYTHONIOENCODING, a latin-1 locale, a Windows code page) a record's "\ufffd" or "é" ended the batch in a
-    UnicodeEncodeError traceback, or was written in that encoding."""
-    if hasattr(sys.stdout, "reconfigure"):  # (a stand-in stream may have none)
-        sys.stdout.reconfigure(encoding="utf-8")
-    return sys.stdout
+@contextlib.contextmanager
+def _reconfigured(stream: TextIO | None, **settings: str) -> Iterator[None]:
+    """`stream` (sys.stdin, sys.stdout) with `settings` (encoding, errors) for the block, and as it was after it, even
+    where the block raises: glimmer.cli.main run in another program leaves that program's streams as they were. A
+    stream that is no TextIOWrapper (a stand-in, a closed stream's None) is left alone, and so is one that refuses
+    (io.UnsupportedOperation: stdin's encoding once the program has read from it)."""
+    if not isinstance(stream, io.TextIOWrapper):
+        yield
+        return
+    # reconfigure(encoding=...) alone resets errors to 'strict': both are given back
+    saved = {"encoding": stream.encoding, "errors": stream.errors}
+    try:
+        stream.reconfigure(**settings)  # type: ignore[arg-type]
+    except io.UnsupportedOperation:
+        yield
+        return
+    try:
+        yield
+    finally:
+        with contextlib.suppress(io.UnsupportedOperation):
+            stream.reconfigure(**saved)
 
 
 @contextlib.contextmanager
@@ -834,13 +848,17 @@ def _batch_output(target: str, source: str) -> Iterator[_BatchOutput]:
     created = target != "-" and not path.exists() and not path.is_symlink()
     try:
         # append mode checks that the file can be written without emptying it; start() empties it
-        output = _utf8_stdout() if target == "-" else path.open("a", encoding="utf-8")
+        output = sys.stdout if target == "-" else path.open("a", encoding="utf-8")
     except OSError as error:
         raise UsageError(f"--output-file {target}: {error.strerror or error}") from None
     batch_output = _BatchOutput(target, output)
+    # a JSON Lines file is UTF-8 text: under another encoding (PYTHONIOENCODING, a latin-1 locale, a Windows code
+    # page) a record's "\ufffd" or "é" ended the batch in a UnicodeEncodeError traceback, or was written in it
+    utf8 = _reconfigured(output, encoding="utf-8") if output is sys.stdout else contextlib.nullcontext()
     try:
-        yield batch_output
-        batch_output.flush()
+        with utf8:
+            yield batch_output
+            batch_output.flush()
     finally:
         if output is not sys.stdout:
             with contextlib.suppress(OSError):  # what a failed flush left unwritten: that failure is reported
@@ -1124,15 +1142,6 @@ def _chat(args: argparse.Namespace, sigterm: SigtermWatch) -> int:
     # messages piped in (`echo hi | glimmer chat`) are a script's: a failed one is an error on stderr and exit 1
     # after the rest; at a terminal the user sees it and goes on
     interactive = sys.stdin.isatty()
-    if isinstance(sys.stdin, io.TextIOWrapper):
-        # input() decodes by stdin's error handler: surrogateescape only under the C locale or UTF-8 mode, 'strict'
-        # under a UTF-8 locale (en_US.UTF-8), where a byte that is not UTF-8 was a UnicodeDecodeError traceback;
-        # run_chat sends such a byte as U+FFFD
-        sys.stdin.reconfigure(errors="surrogateescape")
-    if isinstance(sys.stdout, io.TextIOWrapper):
-        # a reply is shown in the terminal's encoding; a character it lacks (PYTHONIOENCODING=ascii, a latin-1 locale,
-        # a Windows code page) is a "?", where it was a UnicodeEncodeError traceback
-        sys.stdout.reconfigure(errors="replace")
     chat = dict(out=sys.stdout, read_line=input, system=args.system, tools=tools, request_options=options,
                 color=color, err=None if interactive else sys.stderr)
     if args.url is not None:
@@ -1147,7 +1156,8 @@ def _chat(args: argparse.Namespace, sigterm: SigtermWatch) -> int:
             raise UsageError(f"--max-tokens {max_tokens} would make every message fail: the server's model has a "
                              f"context of {max_model_len} tokens, the prompt included; give a --max-tokens that "
                              f"leaves the prompt room (below {max_model_len}), or leave it out")
-        failed = run_chat(args.url, model=args.served_model, api_key=api_key, max_model_len=max_model_len, **chat)
+        with _chat_streams():
+            failed = run_chat(args.url, model=args.served_model, api_key=api_key, max_model_len=max_model_len, **chat)
         return _chat_status(failed, interactive)
     from glimmer.server.app import create_app
     from glimmer.server.background import BackgroundServer
@@ -1172,12 +1182,23 @@ def _chat(args: argparse.Namespace, sigterm: SigtermWatch) -> int:
         _check_chat_fits_context(app.state.context, args, options, tools)
         if default_note is not None:
             print(default_note)
-        with BackgroundServer(app) as server:
+        with BackgroundServer(app) as server, _chat_streams():
             failed = run_chat(server.url, model=name, api_key=None, max_model_len=engine.engine.max_model_len,
                               in_process=True, **chat)
     finally:
         engine.shutdown()
     return _chat_status(failed, interactive)
+
+
+@contextlib.contextmanager
+def _chat_streams() -> Iterator[None]:
+    """stdin and stdout set for the chat while it runs (_reconfigured gives them back after): input() decodes by
+    stdin's error handler, surrogateescape only under the C locale or UTF-8 mode and 'strict' under a UTF-8 locale
+    (en_US.UTF-8), where a byte that is not UTF-8 was a UnicodeDecodeError traceback (run_chat sends such a byte as
+    U+FFFD); a reply is shown in stdout's encoding, a character it lacks (PYTHONIOENCODING=ascii, a latin-1 locale, a
+    Windows code page) a "?", where it was a UnicodeEncodeError traceback."""
+    with _reconfigured(sys.stdin, errors="surrogateescape"), _reconfigured(sys.stdout, errors="replace"):
+        yield
 
 
 def _chat_status(failed: int, interactive: bool) -> int:

@@ -399,6 +399,20 @@ def test_a_record_stays_one_line_for_readers_that_split_at_unicode_line_breaks(t
     assert json.loads(line)["custom_id"] == custom_id
 
 
+def test_run_batch_to_stdout_writes_utf8_and_gives_stdout_back_as_it_was(tiny_checkpoint, monkeypatch):
+    """run-batch -o - set stdout's encoding to UTF-8 (errors strict) for good: a program running
+    glimmer.cli.main(["run-batch", ...]) wrote in it after main returned. The records are UTF-8 still."""
+    text = _line("é", "/v1/completions", {"model": tiny_checkpoint.name, "prompt": "Once", "max_tokens": 2}) + "\n"
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text.encode())))
+    stdout = io.TextIOWrapper(io.BytesIO(), encoding="latin-1", errors="backslashreplace")
+    monkeypatch.setattr(sys, "stdout", stdout)
+    assert main(["run-batch", str(tiny_checkpoint), "-i", "-", "-o", "-", "--max-model-len", "2048"]) == 0
+    assert (sys.stdout.encoding, sys.stdout.errors) == ("latin-1", "backslashreplace")
+    stdout.flush()
+    (line,) = stdout.buffer.getvalue().decode("utf-8").splitlines()
+    assert json.loads(line)["custom_id"] == "é"
+
+
 def test_run_batch_reads_stdin_and_writes_stdout(tiny_checkpoint, monkeypatch, capsys):
     """A body's `model` may name the model as `glimmer serve` does (the directory's name) or as MODEL was given, which
     is how vLLM's run-batch serves it."""

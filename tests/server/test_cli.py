@@ -1372,6 +1372,41 @@ def test_chat_with_an_ip_address_a_trusted_certificate_does_not_name_says_to_giv
         assert "SSL_CERT_FILE" not in err
 
 
+def test_chat_gives_back_stdin_and_stdout_as_it_found_them(capsys, monkeypatch, tmp_path):
+    """The chat set stdin's error handler to surrogateescape and stdout's to replace for good, before it checked the
+    server: a program running glimmer.cli.main(["chat", ...]) kept them changed after it returned, even with 2."""
+    from glimmer.cli import main
+
+    stdin = io.TextIOWrapper(io.BytesIO(b""), encoding="utf-8", errors="strict")
+    monkeypatch.setattr(sys, "stdin", stdin)
+    monkeypatch.setattr("builtins.input", _typed([]))
+    stdout_errors = sys.stdout.errors
+    assert main(["chat", "--url", f"http://127.0.0.1:{free_port()}"]) == 2
+    assert (sys.stdin.errors, sys.stdout.errors) == ("strict", stdout_errors)
+    key, cert = _self_signed(tmp_path)
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    with _https_model_list(key, cert) as url:
+        assert main(["chat", "--url", url]) == 0
+    assert (sys.stdin.errors, sys.stdout.errors) == ("strict", stdout_errors)
+    capsys.readouterr()
+
+
+def test_chat_in_a_program_that_read_stdin_first_reads_the_rest(capsys, monkeypatch, tmp_path):
+    """io refuses to change stdin's error handler once it has been read from: a program that read a line before
+    running glimmer.cli.main(["chat", ...]) got an io.UnsupportedOperation traceback. Its stdin is left as it is."""
+    from glimmer.cli import main
+
+    stdin = io.TextIOWrapper(io.BytesIO(b"first\n/exit\n"), encoding="utf-8", errors="strict")
+    monkeypatch.setattr(sys, "stdin", stdin)
+    assert sys.stdin.readline() == "first\n"
+    key, cert = _self_signed(tmp_path)
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    with _https_model_list(key, cert) as url:
+        assert main(["chat", "--url", url]) == 0
+    assert sys.stdin.read() == ""  # the chat read /exit
+    capsys.readouterr()
+
+
 def test_chat_takes_a_base_url_ending_in_v1_as_openai_clients_do(capsys, monkeypatch, tiny_checkpoint):
     from glimmer.cli import main
 
