@@ -68,7 +68,8 @@ class _ArgumentParser(argparse.ArgumentParser):
             options = {option for command in self.commands.values() for option in command._option_string_actions}
             try:
                 spelt = _with_underscores_as_dashes(list(sys.argv[1:] if args is None else args), options)
-                args = _with_dotted_keys_joined(_with_config_file_options(spelt, self.commands), json_options)
+                args = _with_dotted_keys_joined(
+                    _with_config_file_options(spelt, self.commands, self._option_string_actions), json_options)
             except UsageError as error:
                 self.error(str(error))
         parsed, extras = self.parse_known_args(args, namespace)
@@ -110,7 +111,16 @@ def _dotted_keys_option(name: str) -> str:
     return "--compilation-config" if name == "-O" else name
 
 
-def _with_config_file_options(argv: list[str], commands: Mapping[str, argparse.ArgumentParser]) -> list[str]:
+def _option_of(flag: str, actions: Mapping[str, argparse.Action]) -> argparse.Action | None:
+    """The option of `actions` that `flag` names (`--max-model-len`), a dotted key (`--hf-overrides.a`) naming its JSON
+    object's option (argparse knows no other's dotted keys); None where it names none."""
+    name, dot, _ = flag.partition(".")
+    action = actions.get(_dotted_keys_option(name) if dot else name)
+    return None if dot and action is not None and not _takes_dotted_keys(action) else action
+
+
+def _with_config_file_options(argv: list[str], commands: Mapping[str, argparse.ArgumentParser],
+                              top_actions: Mapping[str, argparse.Action]) -> list[str]:
     """`argv` with vLLM's `--config FILE` (a YAML mapping of long option names to values, as `vllm serve --config`
     reads it) replaced by the file's options, after which the command line's own win: an option the command line
     gives (in any of its spellings) is left out of the file's, and so is the file's `model` where the command line
@@ -120,10 +130,12 @@ def _with_config_file_options(argv: list[str], commands: Mapping[str, argparse.A
     after the command line's options (before a `--`) so that no MODEL follows them. A dotted key (hf-overrides.a) is a
     JSON object option's key. Raises UsageError naming --config and the file for a file that cannot be read or is not
     such a mapping, for a key that names no option of the command (the key as written; a checkpoint's config.json is
-    named as such), and for a key naming another --config."""
-    start = 0  # the command's place: glimmer's own options may come before it (--log-level LEVEL)
+    named as such), and for a key naming another --config. `top_actions`: glimmer's own options, which may come before
+    the command (--log-level LEVEL)."""
+    start = 0  # the command's place
     while start < len(argv) and argv[start] not in commands:
-        start += 2 if argv[start] == "--log-level" else 1
+        own_option = top_actions.get(argv[start])
+        start += 2 if own_option is not None and own_option.nargs != 0 else 1
     command = commands.get(argv[start]) if start < len(argv) else None
     end = argv.index("--") if "--" in argv else len(argv)
     given = [index for index in range(start + 1, end) if argv[index].split("=", 1)[0] == "--config"]
@@ -145,10 +157,7 @@ def _with_config_file_options(argv: list[str], commands: Mapping[str, argparse.A
     options = _read_config_file(path)
     for key, value in options.items():
         flag = _spelt_with_dashes(f"--{key}", actions)
-        name, dot, _ = flag.partition(".")
-        # a dotted key's option (--hf-overrides for hf-overrides.a), a JSON object's alone
-        action = actions.get(_dotted_keys_option(name) if dot else name)
-        action = None if dot and action is not None and not _takes_dotted_keys(action) else action
+        action = _option_of(flag, actions)
         if flag == "--config":
             raise UsageError(f"--config {path} names another --config file; give its options in this one")
         if action is None:
@@ -206,13 +215,10 @@ def _positional_arguments(tokens: list[str], actions: Mapping[str, argparse.Acti
         index += 1
         if token == "--":
             return positional + tokens[index:]
-        name, dot, _ = token.partition(".")
-        action = None if "=" in token else actions.get(_dotted_keys_option(name) if dot else name)
-        if dot and action is not None and not _takes_dotted_keys(action):
-            action = None  # a dotted key is a JSON object option's alone: argparse knows no other, nor its value
+        action = None if "=" in token else _option_of(token, actions)
         if not token.startswith("-") or token == "-":
             positional.append(token)
-        elif action is not None and dot:  # a dotted key takes one value (--hf-overrides.a 1), as its option does
+        elif action is not None and "." in token:  # a dotted key takes one value (--hf-overrides.a 1)
             index += 1
         elif action is not None and action.nargs in ("+", "*"):
             while index < len(tokens) and not tokens[index].startswith("-"):
