@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from glimmer.train_nano.pipeline import DRAFTER_DIR, TARGET_DIR, CorpusTooSmall, train_all
-from glimmer.train_nano.recipe import RECIPES
+from glimmer.train_nano.recipe import RECIPES, Recipe
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,12 +58,23 @@ def _count_problem(args: argparse.Namespace) -> str | None:
             return f"--{dest.replace('_', '-')} {value}: give {'a count of at least 1' if least else '0 or more'}"
     if args.seed is not None and not 0 <= args.seed < SEED_LIMIT:
         return f"--seed {args.seed}: give a seed from 0 to 2**64 - 1"
-    conversations = args.conversations if args.conversations is not None else RECIPES[args.recipe].conversations
+    conversations = _recipe(args).conversations
     if args.target is None and args.drafter_conversations is not None and args.drafter_conversations > conversations:
         return (f"--drafter-conversations {args.drafter_conversations} is more than the corpus's {conversations} "
                 "conversations (--conversations): the drafter trains on the corpus's first conversations; give at "
                 "most as many")
     return None
+
+
+def _recipe(args: argparse.Namespace) -> Recipe:
+    """The recipe a run trains with: `--recipe`'s, with the counts and seed the command line gives."""
+    overrides = {key: value for key, value in (("seed", args.seed), ("conversations", args.conversations),
+                                               ("batch_tokens", args.batch_tokens),
+                                               ("target_steps", args.target_steps),
+                                               ("drafter_steps", args.drafter_steps),
+                                               ("drafter_conversations", args.drafter_conversations))
+                 if value is not None}
+    return replace(RECIPES[args.recipe], **overrides)
 
 
 def _argument_problem(args: argparse.Namespace) -> str | None:
@@ -111,15 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     if problem is not None:
         parser.exit(2, f"{parser.prog}: error: {problem}\n")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stdout)
-    recipe = RECIPES[args.recipe]
-    overrides = {key: value for key, value in (("seed", args.seed), ("conversations", args.conversations),
-                                               ("batch_tokens", args.batch_tokens),
-                                               ("target_steps", args.target_steps),
-                                               ("drafter_steps", args.drafter_steps),
-                                               ("drafter_conversations", args.drafter_conversations))
-                 if value is not None}
     try:
-        train_all(replace(recipe, **overrides), args.out_dir, device=args.device, workers=args.workers,
+        train_all(_recipe(args), args.out_dir, device=args.device, workers=args.workers,
                   target=args.target)
     except CorpusTooSmall as error:
         parser.exit(2, f"{parser.prog}: error: {error}\n")
