@@ -21,6 +21,17 @@ from glimmer.engine.kv_cache_manager import DRAFT, FULL, SLIDING, KVCacheLayout,
 CPU_DEFAULT_KV_BYTES = 2 << 30
 CPU_DEFAULT_KV_SIZING = f"what max_num_seqs sequences of max_model_len need, {CPU_DEFAULT_KV_BYTES >> 30} GiB at most"
 """The CPU's KV cache where kv_cache_memory gives none (a GPU's takes the free memory), and how it is sized."""
+# left beside a CPU default KV cache lowered to the room the weights leave: the steps' activations, tokenizer, Python
+CPU_HEADROOM_BYTES = 1 << 30
+
+
+def cpu_default_kv_bytes(wanted_bytes: int, room_bytes: int | None) -> int:
+    """The CPU's default KV cache: what the sequences want (`wanted_bytes`), CPU_DEFAULT_KV_BYTES at most, and no more
+    than the room the weights leave in the host's memory less CPU_HEADROOM_BYTES (`room_bytes`; None: unknown), where
+    the pages, zero-filled at start, would pass it. A room too small for one sequence gives a budget the plan refuses,
+    naming the context it holds."""
+    budget = min(CPU_DEFAULT_KV_BYTES, wanted_bytes)
+    return budget if room_bytes is None else min(budget, max(room_bytes - CPU_HEADROOM_BYTES, 0))
 
 
 @dataclass(frozen=True)

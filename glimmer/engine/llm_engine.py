@@ -52,9 +52,11 @@ from glimmer.engine.kv_cache_manager import KVCacheLayout, KVCacheManager, page_
 from glimmer.engine.kv_planner import (
     CPU_DEFAULT_KV_BYTES,
     CPU_DEFAULT_KV_SIZING,
+    CPU_HEADROOM_BYTES,
     DraftKV,
     KVDemand,
     block_bytes,
+    cpu_default_kv_bytes,
     longest_context_held,
     plan_kv_layout,
     wanted_blocks,
@@ -101,8 +103,6 @@ def warn_of_default_repetition_penalty(defaults: GenerationDefaults, penalized: 
 
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# left beside a CPU default KV cache lowered to the room the weights leave: the steps' activations, tokenizer, Python
-_CPU_HEADROOM_BYTES = 1 << 30
 _REPLAN_MARGIN_BYTES = 256 << 20  # taken off a KV cache sized again beyond the shortfall (`_working_shortfall`)
 # left out of a GPU's first KV cache sizing for the kernels its first steps load (CUDA loads a kernel's module at its
 # first launch, outside PyTorch's allocator): the 30B's start-up on an H200 kept 0.02-0.07 GiB beyond its plan for it
@@ -637,19 +637,16 @@ class LLMEngine:
         if self.config.gpu_memory_utilization != EngineConfig.gpu_memory_utilization:
             logger.warning("gpu_memory_utilization=%s sizes the KV cache on a GPU only; on the CPU give "
                            "kv_cache_memory (--kv-cache-memory SIZE) instead", self.config.gpu_memory_utilization)
-        budget = min(CPU_DEFAULT_KV_BYTES, sum(wanted[g] * per_block[g] for g in per_block))
+        wanted_bytes = sum(wanted[g] * per_block[g] for g in per_block)
         room = kv_cache_room_in_host_memory(self._weighed_models())
-        if room is not None and budget > room.bytes - _CPU_HEADROOM_BYTES:
-            # beside weights that nearly fill the memory the default's pages, zero-filled at start, would pass it: it
-            # takes what they leave less a margin for the steps, and a room too small for one sequence is refused by
-            # the plan, naming the context it holds
-            lowered = max(room.bytes - _CPU_HEADROOM_BYTES, 0)
+        budget = cpu_default_kv_bytes(wanted_bytes, None if room is None else room.bytes)
+        if budget < min(CPU_DEFAULT_KV_BYTES, wanted_bytes):
             logger.warning("the CPU's default KV cache (%s: %s bytes for max_num_seqs=%d, max_model_len=%d) is "
                            "lowered to %s bytes: the weights leave %s bytes of %s, less %d MiB for the steps; give "
                            "kv_cache_memory (--kv-cache-memory SIZE) to choose its size", CPU_DEFAULT_KV_SIZING,
-                           f"{budget:,}", self.scheduler_config.max_num_seqs, self.max_model_len, f"{lowered:,}",
-                           f"{max(room.bytes, 0):,}", room.memory.describe(), _CPU_HEADROOM_BYTES >> 20)
-            budget = lowered
+                           f"{min(CPU_DEFAULT_KV_BYTES, wanted_bytes):,}", self.scheduler_config.max_num_seqs,
+                           self.max_model_len, f"{budget:,}", f"{max(room.bytes, 0):,}", room.memory.describe(),
+                           CPU_HEADROOM_BYTES >> 20)
         return budget
 
     def _weighed_models(self) -> list[torch.nn.Module]:

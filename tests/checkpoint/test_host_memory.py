@@ -19,7 +19,7 @@ from torch import nn
 from glimmer.checkpoint import host_memory
 from glimmer.checkpoint.config_layouts import load_config
 from glimmer.checkpoint.host_memory import CgroupLimit, HostMemory, read_host_memory
-from glimmer.engine import llm_engine
+from glimmer.engine import kv_planner
 from glimmer.engine.llm_engine import EngineConfig, LLMEngine
 from glimmer.engine.model_loader import load_drafter, load_model
 from glimmer.errors import ConfigError
@@ -100,7 +100,7 @@ def test_a_drafter_that_fits_alone_but_not_beside_the_model_is_refused_before_it
                                           r"beside the model's \d+\.\d MiB, more than this machine's .*; serve "
                                           r"without the drafter \(leave out --speculative-config"):
         LLMEngine(config)
-    host.meminfo(mem_kb=(target + drafter + engine._kv_budget + llm_engine._CPU_HEADROOM_BYTES) // 1024 + 1)
+    host.meminfo(mem_kb=(target + drafter + engine._kv_budget + kv_planner.CPU_HEADROOM_BYTES) // 1024 + 1)
     assert LLMEngine(config).drafter is not None
 
 
@@ -263,7 +263,7 @@ def test_the_cpu_s_default_kv_cache_takes_what_the_weights_leave_and_a_room_for_
     config = EngineConfig(str(tiny_checkpoint), progress=False, max_model_len=64, max_num_seqs=2)
     engine = LLMEngine(config)  # no /proc/meminfo yet: nothing is checked
     weights, default = host_memory.parameter_bytes(engine.loaded.model), engine._kv_budget
-    headroom = llm_engine._CPU_HEADROOM_BYTES
+    headroom = kv_planner.CPU_HEADROOM_BYTES
     host.meminfo(mem_kb=(weights + default + headroom) // 1024 + 1)
     assert LLMEngine(config)._kv_budget == default
     short = 10 << 10  # room for about half the default, still more than one sequence of 64 tokens needs
