@@ -264,9 +264,9 @@ def _turn_as_the_server_reads_it(text: str, reading: Mapping[str, Any], token_en
         if stop and new_content:
             content += new_content
             recent = content[-(longest + len(new_content)):]
-            armed_from = _unarmed_answer_characters(parser, armed_after)
-            if any(s in recent for s in stop) and _cut_at_stop(content, stop, include_stop, armed_from,
-                                                               breaks)[1] is not None:
+            if any(s in recent for s in stop) and _cut_at_stop(
+                    content, stop, include_stop, _unarmed_answer_characters(parser, armed_after),
+                    breaks)[1] is not None:
                 return text[:end], True
     return text, False
 
