@@ -272,9 +272,8 @@ def open_drafter_checkpoint(
                               "drafter directory or a native head.pt file")
     config_path = directory / "config.json"
     # a folder or broken link so named is refused, not passed over ("holds no DFlash drafter", or the released sizes)
-    read = read_json_object(config_path, error=ConfigError)
-    raw = read or {}
-    if read is not None:
+    raw = read_json_object(config_path, error=ConfigError)
+    if raw is not None:
         config = read_drafter_config(raw, source=str(config_path), mask_token_id=mask_token_id)
     elif native is not None:  # said by load_drafter (config_layout CONVERTER_CONSTANTS_LAYOUT), once
         config = released_drafter_config(mask_token_id())
@@ -285,9 +284,9 @@ def open_drafter_checkpoint(
     if native is not None:
         if location.is_dir():
             _refuse_two_weight_sets(directory, native)
-        _check_rope_flag(raw, config_path, DRAFTER_NATIVE)
+        _check_rope_flag(raw or {}, config_path, DRAFTER_NATIVE)
         return DrafterCheckpoint(config, TorchFileTensors(native) if weights else None, DRAFTER_NATIVE, native)
-    _check_rope_flag(raw, config_path, DRAFTER_CANONICAL)
+    _check_rope_flag(raw or {}, config_path, DRAFTER_CANONICAL)
     files = SafetensorsCheckpoint(directory) if weights else None
     return DrafterCheckpoint(config, files, DRAFTER_CANONICAL, directory)
 
