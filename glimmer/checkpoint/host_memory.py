@@ -167,32 +167,47 @@ def parameter_bytes(model: nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
 
 
-def check_fits_in_host_memory(model: nn.Module, device: torch.device | str, dtype: torch.dtype, *,
-                              drafter: bool = False, target: nn.Module | None = None) -> None:
-    """Raises ConfigError (one line: the size, the memory, the fix) when `model`'s weights, materialized on the
-    CPU, would exceed the physical memory plus swap this process may use; for a speculative `drafter`, beside its
-    `target`'s weights where they are loaded already. Does nothing on other devices or where the memory is unknown."""
+def _host_memory_short(device: torch.device | str, needed: int) -> HostMemory | None:
+    """The host's memory where `needed` bytes of weights, materialized on the CPU (`device`), would exceed the
+    physical memory plus swap this process may use; None where they fit, on other devices or where it is unknown."""
     if torch.device(device).type != "cpu":
-        return
+        return None
     memory = read_host_memory()
+    return memory if memory is not None and needed > memory.total_bytes else None
+
+
+def _halving_hint(dtype: torch.dtype) -> str:
+    return "; --dtype bfloat16 halves it" if dtype == torch.float32 else ""
+
+
+def check_fits_in_host_memory(model: nn.Module, device: torch.device | str, dtype: torch.dtype) -> None:
+    """Raises ConfigError (one line: the size, the memory, the fix) when `model`'s weights, materialized on the
+    CPU, would exceed the physical memory plus swap this process may use. Does nothing on other devices or where the
+    memory is unknown."""
     needed = parameter_bytes(model)
+    memory = _host_memory_short(device, needed)
+    if memory is not None:
+        raise ConfigError(
+            f"the model's weights need {_size(needed)} as {str(dtype).removeprefix('torch.')} on the CPU, more than "
+            f"{memory.describe()}; load a smaller model (e.g. glimmer make-tiny) or use a GPU with room for it "
+            f"(--device cuda){_halving_hint(dtype)}"
+        )
+
+
+def check_drafter_fits_in_host_memory(drafter: nn.Module, device: torch.device | str, dtype: torch.dtype,
+                                      target: nn.Module | None = None) -> None:
+    """check_fits_in_host_memory for a speculative drafter's weights, beside its `target`'s where they are loaded
+    already."""
+    needed = parameter_bytes(drafter)
     beside = 0 if target is None else parameter_bytes(target)
-    if memory is None or needed + beside <= memory.total_bytes:
-        return
-    dtype_name = str(dtype).removeprefix("torch.")
-    halve = "; --dtype bfloat16 halves it" if dtype == torch.float32 else ""
-    if drafter:
+    memory = _host_memory_short(device, needed + beside)
+    if memory is not None:
         alongside, room_for = ("", "it") if target is None else (f" beside the model's {_size(beside)}", "both")
         raise ConfigError(
-            f"the speculative drafter's weights need {_size(needed)} as {dtype_name} on the CPU{alongside}, more than "
-            f"{memory.describe()}; serve without the drafter (leave out --speculative-config / speculative_config=) or "
-            f"use a GPU with room for {room_for} (--device cuda){halve}"
+            f"the speculative drafter's weights need {_size(needed)} as {str(dtype).removeprefix('torch.')} on the "
+            f"CPU{alongside}, more than {memory.describe()}; serve without the drafter (leave out --speculative-config"
+            f" / speculative_config=) or use a GPU with room for {room_for} (--device cuda){_halving_hint(dtype)}"
         )
-    raise ConfigError(
-        f"the model's weights need {_size(needed)} as {dtype_name} on the CPU, more than "
-        f"{memory.describe()}; load a smaller model (e.g. glimmer make-tiny) or use a GPU with room for it "
-        f"(--device cuda){halve}"
-    )
 
 
 @dataclass(frozen=True)

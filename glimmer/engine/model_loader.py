@@ -18,7 +18,7 @@ from torch import nn
 from glimmer.checkpoint.config import DrafterConfig, ModelConfig
 from glimmer.checkpoint.drafter import CONVERTER_CONSTANTS_LAYOUT, open_drafter_checkpoint
 from glimmer.checkpoint.formats import OpenedCheckpoint, open_checkpoint
-from glimmer.checkpoint.host_memory import check_fits_in_host_memory
+from glimmer.checkpoint.host_memory import check_drafter_fits_in_host_memory, check_fits_in_host_memory
 from glimmer.checkpoint.random_weights import randomize_parameters_
 from glimmer.checkpoint.weights import (
     drop_vision_if_absent,
@@ -287,7 +287,7 @@ def load_drafter(
     checkpoint.check_fits(target.text)
     with torch.device("meta"):
         model = DFlashDrafter(config).to(dtype)
-    check_fits_in_host_memory(model, device, dtype, drafter=True, target=target_model)
+    check_drafter_fits_in_host_memory(model, device, dtype, target=target_model)
     if checkpoint.files is None:
         model = model.to_empty(device=device)
         randomize_parameters_(model, seed, norm_neutral=1.0)  # every drafter norm is plain-scale (§10.1)
