@@ -162,7 +162,7 @@ def _check_bos_agrees(backend: HFTokenizer, named_bos: tuple[str, Path] | None, 
     `bos_token` (`named_bos`: it and the file naming it) that chat templates write: text and chat prompts would start
     differently (the same conversation sent as text or as messages would give other outputs), and a rendered prompt
     could hold two BOS tokens."""
-    prefix, _ = _post_processor_frame(backend)
+    prefix, _ = post_processor_frame_of(backend)
     if named_bos is None or not prefix or prefix[0] == backend.token_to_id(named_bos[0]):
         return
     bos, named_in = named_bos
@@ -172,7 +172,7 @@ def _check_bos_agrees(backend: HFTokenizer, named_bos: tuple[str, Path] | None, 
                           "together")
 
 
-def _post_processor_frame(backend: HFTokenizer) -> tuple[list[int], list[int]]:
+def post_processor_frame_of(backend: HFTokenizer) -> tuple[list[int], list[int]]:
     """The ids the post-processor puts before and after a text (`add_special_tokens=True`; a bos in front, for
     Muse): ([], []) where it adds nothing."""
     plain = backend.encode("a", add_special_tokens=False).ids
@@ -383,8 +383,8 @@ class Tokenizer:
 
     @cached_property
     def _post_processor_frame(self) -> tuple[list[int], list[int]]:
-        """What the post-processor adds before and after a text's ids, found once (`_post_processor_frame`)."""
-        return _post_processor_frame(self._backend)
+        """What the post-processor adds before and after a text's ids, found once (`post_processor_frame_of`)."""
+        return post_processor_frame_of(self._backend)
 
     @property
     def prompt_bos_token(self) -> str | None:
