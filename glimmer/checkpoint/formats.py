@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from glimmer.checkpoint.broken_links import is_broken_link
 from glimmer.checkpoint.compressed_tensors import (
     open_compressed_tensors,
     quantization_config_of,
@@ -43,7 +42,13 @@ from glimmer.checkpoint.pickle_files import (
     is_training_state,
     pickle_files,
 )
-from glimmer.checkpoint.safetensors_files import INDEX_FILE, SafetensorsCheckpoint, refuse_weight_folders
+from glimmer.checkpoint.safetensors_files import (
+    INDEX_FILE,
+    SafetensorsCheckpoint,
+    broken_safetensors_links_in,
+    refuse_weight_folders,
+    safetensors_files_in,
+)
 from glimmer.checkpoint.weight_layouts import (
     CANONICAL,
     LEGACY,
@@ -148,7 +153,7 @@ def _refuse_gguf_directory(path: Path, lacking: str = "config.json") -> None:
 
 def _open_directory(path: Path, allow_pickle: bool) -> OpenedCheckpoint:
     config = load_config(path)
-    if any(p.is_file() or is_broken_link(p) for p in path.glob("*.safetensors")):  # (a folder so named is no file)
+    if safetensors_files_in(path) or broken_safetensors_links_in(path):  # as SafetensorsCheckpoint reads them
         files: Any = SafetensorsCheckpoint(path)
         kind = SAFETENSORS
         config = dataclasses.replace(config, warnings=(*config.warnings, *files.warnings))  # files left out

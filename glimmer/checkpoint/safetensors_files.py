@@ -122,6 +122,16 @@ def shard_path(directory: Path, index_path: Path, shard: object) -> Path:
     return directory / relative
 
 
+def safetensors_files_in(directory: Path) -> list[Path]:
+    """The `*.safetensors` files of `directory` (a folder so named is no file), sorted."""
+    return sorted(p for p in directory.glob("*.safetensors") if p.is_file())
+
+
+def broken_safetensors_links_in(directory: Path) -> list[Path]:
+    """The `*.safetensors` entries of `directory` that are broken links (a download cut short), sorted."""
+    return sorted(p for p in directory.glob("*.safetensors") if is_broken_link(p))
+
+
 class SafetensorsCheckpoint:
     """The tensors of one checkpoint directory, by name."""
 
@@ -273,10 +283,10 @@ class SafetensorsCheckpoint:
         return dict.fromkeys(files)
 
     def _safetensors_files(self) -> list[Path]:
-        return sorted(p for p in self.directory.glob("*.safetensors") if p.is_file())
+        return safetensors_files_in(self.directory)
 
     def _broken_links(self) -> list[Path]:
-        return sorted(p for p in self.directory.glob("*.safetensors") if is_broken_link(p))
+        return broken_safetensors_links_in(self.directory)
 
     def _leave_out_broken_links(self, links: list[Path], why_unread: str) -> None:
         """Broken links that would not be read anyway: a warning each, naming the missing target."""
