@@ -29,7 +29,8 @@
   their ids are caught too: a reasoning or assistant message item of the input saying what one of the continued
   responses says, while every item of the input before it says what the chain says (after a new item, the same
   words are new words);
-- a string input must not be empty, and a message item needs its content (either would be an empty turn).
+- a string input must not be empty, and a message item needs its content (either would be an empty turn; an
+  assistant message's, missing, null or [], an empty answer the model never wrote).
 Anything else is refused with 400 naming `input[i]`: nothing is silently dropped.
 """
 
@@ -219,7 +220,11 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
             _check_phase(item, "assistant", where)
             assistant = open_assistant(where)
             assistant_origin.path = where  # after a reasoning item: the message item holds the content
-            assistant["content"] = _text_of(item.get("content"), f"{where}.content", refusal=True)
+            if item.get("content") in (None, []):  # it would render an answer the model never wrote
+                raise RequestError(f"{where}.content: a message item needs its content (a string or a non-empty "
+                                   "list of output_text parts); an assistant message without it would render as an "
+                                   "empty answer", param=f"{where}.content")
+            assistant["content"] = _text_of(item["content"], f"{where}.content", refusal=True)
             echo.read("assistant message", assistant["content"], where, refused=True)
         elif kind == "message":
             flush()

@@ -736,6 +736,17 @@ def test_an_input_that_would_render_an_empty_turn_is_400(server, input_, param):
     assert response.json()["error"]["param"] == param
 
 
+@pytest.mark.parametrize("content", [None, [], ...])
+def test_an_assistant_message_item_without_its_content_is_refused_naming_it(content):
+    """It was taken as an empty answer: the prompt held `to=user<|message|><|eot|>`, a reply the model never wrote,
+    where a user or system message item without its content is a 400. OpenAI refuses it too."""
+    item = {"type": "message", "role": "assistant"} | ({} if content is ... else {"content": content})
+    with pytest.raises(RequestError) as refused:
+        chat_messages([{"role": "user", "content": "hi"}, item, {"role": "user", "content": "again"}], None)
+    assert refused.value.param == "input[1].content"
+    assert str(refused.value).startswith("input[1].content: a message item needs its content")
+
+
 def test_a_chat_shaped_tool_is_400_saying_responses_tools_are_flat(server):
     chat_tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
     body = {"model": "tiny", "input": "[weather]", "tools": [chat_tool]}
