@@ -444,10 +444,14 @@ def with_sealed_reasoning(item: dict[str, Any]) -> dict[str, Any]:
 
 
 def _unsealed_reasoning(value: Any, where: str) -> str:
-    """The reasoning text of an `encrypted_content` `sealed_reasoning` made; RequestError naming `where` for another."""
+    """The reasoning text of an `encrypted_content` `sealed_reasoning` made; RequestError naming `where` for another,
+    or for one altered since (a character outside base64's alphabet)."""
     if isinstance(value, str) and value.startswith(_SEALED_REASONING_PREFIX):
         try:
-            return base64.urlsafe_b64decode(value.removeprefix(_SEALED_REASONING_PREFIX).encode()).decode()
+            # validate: a character outside the alphabet (a client's storage mangled it) is refused, not skipped,
+            # which read the rest as other text
+            return base64.b64decode(value.removeprefix(_SEALED_REASONING_PREFIX), altchars=b"-_",
+                                    validate=True).decode()
         except (binascii.Error, UnicodeDecodeError, ValueError):
             pass
     raise RequestError(f"{where}: not the encrypted_content of a Glimmer response (another server's cannot be read "

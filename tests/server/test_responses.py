@@ -24,7 +24,7 @@ from glimmer.errors import RequestError
 from glimmer.server import responses_schemas
 from glimmer.server.response_store import ResponseStore
 from glimmer.server.responses import OutputBuilder
-from glimmer.server.responses_input import chat_messages, responses_error
+from glimmer.server.responses_input import chat_messages, responses_error, sealed_reasoning
 
 WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "Current weather in a city.",
                 "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
@@ -214,6 +214,21 @@ def test_included_encrypted_reasoning_replayed_alone_renders_as_the_reasoning(se
                                    result]})
     assert foreign.status_code == 400, foreign.text
     assert foreign.json()["error"]["param"] == "input[1].encrypted_content"
+
+
+@pytest.mark.parametrize("corrupt", [lambda sealed: sealed.replace("b2wg", "!!!!"), lambda sealed: sealed + "@@",
+                                     lambda sealed: "glimmer-reasoning-v1:@@@"])
+def test_a_corrupted_encrypted_reasoning_is_refused_naming_it_not_read_as_other_text(corrupt):
+    """Characters outside base64's alphabet were skipped: an `encrypted_content` a client's storage had mangled
+    rendered as other reasoning ("The tosays sunny." for "The tool says sunny."), or as none, in the prompt."""
+    sealed = sealed_reasoning("The tool says sunny.")
+    assert "b2wg" in sealed  # "ol ", whose characters the first corruption replaces
+    item = {"type": "reasoning", "summary": [], "encrypted_content": corrupt(sealed)}
+    with pytest.raises(RequestError) as refused:
+        chat_messages([{"role": "user", "content": "hi"}, item], None)
+    assert refused.value.param == "input[1].encrypted_content"
+    assert chat_messages([{"role": "user", "content": "hi"}, {**item, "encrypted_content": sealed}], None)[1] == {
+        "role": "assistant", "recipient": "self", "content": "The tool says sunny."}
 
 
 def test_retrieving_with_encrypted_reasoning_included_seals_the_reasoning_items_as_create_does(client):
