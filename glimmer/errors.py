@@ -81,6 +81,7 @@ class ConstraintFailure(RequestError):
 
 
 _CONVERSATION_FIELDS = ("messages", "input", "prompt")  # shortened, never removed
+_CONTINUED_CONVERSATION = "previous_response_id"  # /v1/responses: the conversation a request continues, left, not cut
 
 
 @dataclass(frozen=True)
@@ -188,6 +189,9 @@ def _shares_and_fix(parts: list[PromptPart]) -> tuple[str, str]:
     listed = ", ".join(f"{part.name} {part.size}" for part in parts)
     shares = f" ({listed})" if len(parts) > 1 else ""
     largest = parts[0].name if parts else "messages"
+    if largest == _CONTINUED_CONVERSATION:
+        return shares, ("continue an earlier response, or send a shorter conversation as input without "
+                        "previous_response_id")
     return shares, f"shorten the {largest}" if largest in _CONVERSATION_FIELDS else f"shorten or remove {largest}"
 
 

@@ -2,14 +2,15 @@
 /v1/chat/completions (and /v1/responses through it) and `LLM.chat` measure the same parts the same way.
 
 A part is what the rendered conversation loses without it: `tools`, `chat_template_kwargs`, each system message
-(`messages[i]`; more than four together, `system messages`), and template variables a caller names on their own
-(`LLM.chat`'s `documents`); `messages` is the rest, the template's own markup included. A part the template cannot
+(`messages[i]`; more than four together, `system messages`), template variables a caller names on their own
+(`LLM.chat`'s `documents`) and messages a caller groups under a name (/v1/responses' `previous_response_id`, the
+conversation it continues); `messages` is the rest, the template's own markup included. A part the template cannot
 render without is left out (counted in `messages`). Each part costs one more render: for a refused prompt only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -22,11 +23,13 @@ _MEASURED_ONE_BY_ONE = 4  # system messages measured each on its own; more are m
 
 
 def prompt_text_parts(messages: list[dict[str, Any]], rendering: ChatRendering, tokenizer: Any,
-                      own_kwargs: Mapping[str, str] | None = None) -> list[PromptPart]:
+                      own_kwargs: Mapping[str, str] | None = None,
+                      groups: Mapping[str, Collection[int]] | None = None) -> list[PromptPart]:
     """The parts counted in characters of the rendered text, for a prompt refused before it is tokenized
     (`PromptTextTooLongError`): tokenizing a text too long for any context is the work that refusal saves.
-    `own_kwargs`: see `removable_parts`."""
-    measured = removable_parts(messages, rendering, tokenizer, lambda rendered: len(rendered.text), own_kwargs)
+    `own_kwargs` and `groups`: see `removable_parts`."""
+    measured = removable_parts(messages, rendering, tokenizer, lambda rendered: len(rendered.text), own_kwargs,
+                               groups)
     if measured is None:
         return []
     whole, parts = measured
@@ -34,11 +37,13 @@ def prompt_text_parts(messages: list[dict[str, Any]], rendering: ChatRendering, 
 
 
 def removable_parts(messages: list[dict[str, Any]], rendering: ChatRendering | None, tokenizer: Any,
-                    size: Callable[[RenderedPrompt], int], own_kwargs: Mapping[str, str] | None = None
-                    ) -> tuple[int, list[PromptPart]] | None:
+                    size: Callable[[RenderedPrompt], int], own_kwargs: Mapping[str, str] | None = None,
+                    groups: Mapping[str, Collection[int]] | None = None) -> tuple[int, list[PromptPart]] | None:
     """The `size` of the whole rendered conversation, and of what `tools`, the template variables and each system
     message add to it; None where it cannot be rendered again. `own_kwargs`: template variables measured as parts of
-    their own, by the name (and param) a refusal gives them; the others are `chat_template_kwargs`."""
+    their own, by the name (and param) a refusal gives them; the others are `chat_template_kwargs`. `groups`: messages
+    (by index) measured together as a part of their own, by the name (and param) a refusal gives them; a system
+    message among them is not measured apart."""
 
     def size_without(part_rendering: ChatRendering, conversation: list[dict[str, Any]]) -> int | None:
         try:
@@ -53,8 +58,9 @@ def removable_parts(messages: list[dict[str, Any]], rendering: ChatRendering | N
     if whole is None:
         return None
     own = own_kwargs or {}
+    grouped = {i for indices in (groups or {}).values() for i in indices}
     system = [i for i, message in enumerate(messages)
-              if isinstance(message, dict) and message.get("role") in _SYSTEM_ROLES]
+              if isinstance(message, dict) and message.get("role") in _SYSTEM_ROLES and i not in grouped]
     removals = []  # (name, param, the rendering and conversation without the part)
     if rendering.tools:
         removals.append(("tools", "tools", replace(rendering, tools=None), messages))
@@ -65,11 +71,15 @@ def removable_parts(messages: list[dict[str, Any]], rendering: ChatRendering | N
         if key in rendering.kwargs:
             kept = {other: value for other, value in rendering.kwargs.items() if other != key}
             removals.append((name, name, replace(rendering, kwargs=kept), messages))
-    groups = [[i] for i in system] if len(system) <= _MEASURED_ONE_BY_ONE else [system]
-    for group in groups:
+    for group in [[i] for i in system] if len(system) <= _MEASURED_ONE_BY_ONE else [system]:
         name = f"messages[{group[0]}]" if len(group) == 1 else "system messages"
         removals.append((name, name if len(group) == 1 else "messages", rendering,
                          [message for i, message in enumerate(messages) if i not in group]))
+    for name, indices in (groups or {}).items():
+        left_out = set(indices)
+        if left_out:
+            removals.append((name, name, rendering,
+                             [message for i, message in enumerate(messages) if i not in left_out]))
     parts = []
     for part_name, param, part_rendering, conversation in removals:
         shorter = size_without(part_rendering, conversation)

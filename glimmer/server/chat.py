@@ -17,7 +17,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -247,17 +247,19 @@ def _limit_named_as_sent(request: ChatCompletionRequest) -> Iterator[None]:
 
 async def _prepared_run(raw_request: Request, context: ServingContext, request: ChatCompletionRequest, arrival: float,
                         choices: Callable[[ChatPrompt, SamplingParams], list[ChoiceStream]],
-                        named_for: str | None = None) -> ChatRun:
+                        named_for: str | None = None,
+                        groups: Mapping[str, Collection[int]] | None = None) -> ChatRun:
     """The run of a chat request, rendered and truncated, named by the client's request id where it sent one (the
     engine's id then unique to it: requests in flight may share the client's); `named_for`: the id of the response
-    the run makes (a Responses request's), which then names the engine's request instead."""
+    the run makes (a Responses request's), which then names the engine's request instead; `groups`: messages a
+    refusal of a prompt too long measures together (`prompt_parts`)."""
     model_name = context.check_model(request.model)
     client_id = client_request_id(raw_request, request.request_id) if named_for is None else None
     with _limit_named_as_sent(request):
         params = chat_sampling_params(request, context)
     def build(cancel: CancelToken) -> tuple[ChatPrompt, tuple[str, int] | None]:
         # off the event loop: counting a forced call's tokens takes a while
-        prompt = build_chat_prompt(request, context, cancel)
+        prompt = build_chat_prompt(request, context, cancel, groups)
         forced = _forced_call(prompt, context)
         _check_room_for_the_forced_call(request, forced)
         return prompt, forced
@@ -275,7 +277,8 @@ async def _prepared_run(raw_request: Request, context: ServingContext, request: 
     except ContextLengthError as error:
         if len(prompt.token_ids) != rendered_len:  # truncated: its parts are no longer the request's
             raise
-        parts = await in_worker_thread(raw_request, lambda cancel: prompt_parts(request.messages, prompt, context))
+        parts = await in_worker_thread(raw_request,
+                                       lambda cancel: prompt_parts(request.messages, prompt, context, groups))
         with _limit_named_as_sent(request):
             raise error.naming(parts) from None
     run = ChatRun(context, request, prompt, model_name, choices(prompt, params), RequestTimer(context.metrics, arrival),
@@ -291,12 +294,14 @@ async def _prepared_run(raw_request: Request, context: ServingContext, request: 
 
 
 async def start_chat_run(raw_request: Request, context: ServingContext, request: ChatCompletionRequest,
-                         arrival: float, named_for: str | None = None, *, mark_messages: bool = False
+                         arrival: float, named_for: str | None = None, *, mark_messages: bool = False,
+                         groups: Mapping[str, Collection[int]] | None = None
                          ) -> tuple[ChatRun, StepDelta, AsyncIterator[StepDelta]]:
     """Render, submit and wait for the first delta. Raises before any output: an invalid request (400), an
     overloaded or stopped engine, or a client that left (the request is then aborted). `named_for`: the id of the
     response the run makes, where it is not the chat completion's (`_prepared_run`); `mark_messages`: the choices'
-    events mark where each reasoning or content message starts (OutputParser's)."""
+    events mark where each reasoning or content message starts (OutputParser's); `groups`: messages a refusal of a
+    prompt too long measures together (`prompt_parts`)."""
     stop = stop_strings(request)
     hidden = frozenset() if request.skip_special_tokens is False else context.hidden_special_tokens
 
@@ -308,7 +313,7 @@ async def start_chat_run(raw_request: Request, context: ServingContext, request:
                              mark_messages=mark_messages)
                 for i in range(params.n)]
 
-    run = await _prepared_run(raw_request, context, request, arrival, choices, named_for)
+    run = await _prepared_run(raw_request, context, request, arrival, choices, named_for, groups)
     prompt = run.prompt
     stream = context.engine.generate(run.engine_id, prompt.token_ids, run.params, multimodal=prompt.multimodal,
                                      controller_factory=prompt.controller_factory, hidden_token_ids=hidden)

@@ -16,7 +16,7 @@ own `chat_template` replaces the checkpoint's only where the operator trusts req
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from concurrent.futures import Future, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -75,16 +75,18 @@ class ChatPrompt:
 
 
 def build_chat_prompt(request: ChatCompletionRequest, context: ServingContext,
-                      cancel: CancelToken | None = None) -> ChatPrompt:
+                      cancel: CancelToken | None = None,
+                      groups: Mapping[str, Collection[int]] | None = None) -> ChatPrompt:
     """Raises RequestError (400 naming the field), ChatTemplateError (400 with the template's message), or
-    Cancelled once `cancel` is cancelled (checked between media items and frames)."""
+    Cancelled once `cancel` is cancelled (checked between media items and frames). `groups`: messages a refusal of a
+    prompt too long measures together (`prompt_parts`)."""
     prefix = prefix_message_index(request.messages)  # RequestError naming a misplaced prefix
     with _naming_the_prefix(request, prefix):
-        return _built_chat_prompt(request, context, cancel, prefix)
+        return _built_chat_prompt(request, context, cancel, prefix, groups)
 
 
 def _built_chat_prompt(request: ChatCompletionRequest, context: ServingContext, cancel: CancelToken | None,
-                       prefix: int | None) -> ChatPrompt:
+                       prefix: int | None, groups: Mapping[str, Collection[int]] | None) -> ChatPrompt:
     settings = context.settings
     _refuse_rendering_fields_in_kwargs(request.chat_template_kwargs or {})  # the defaults' were checked at start
     # the server's defaults under the request's own (vLLM's --default-chat-template-kwargs)
@@ -128,7 +130,7 @@ def _built_chat_prompt(request: ChatCompletionRequest, context: ServingContext, 
     try:  # before any media fetching, decoding or tokenizing
         engine.check_prompt_chars(rendered.text, truncated=truncated)
     except PromptTextTooLongError as error:
-        raise error.naming(prompt_text_parts(request.messages, rendering, tokenizer)) from None
+        raise error.naming(prompt_text_parts(request.messages, rendering, tokenizer, groups=groups)) from None
     with naming_media_parts(request.messages):  # an item's error names its content part
         images, videos = load_media(request.messages, context, cancel)
         # as LLM.chat's: a bos only the post-processor names (prompt_start_token) is added there too
@@ -170,15 +172,18 @@ def _naming_the_prefix(request: ChatCompletionRequest, prefix: int | None) -> It
         raise error.with_message(f"{field} (the reply continues this message): {message}", field) from None
 
 
-def prompt_parts(messages: list[dict[str, Any]], prompt: ChatPrompt, context: ServingContext) -> list[PromptPart]:
+def prompt_parts(messages: list[dict[str, Any]], prompt: ChatPrompt, context: ServingContext,
+                 groups: Mapping[str, Collection[int]] | None = None) -> list[PromptPart]:
     """The tokens each part of a chat request made of its prompt, to say which made it too long: `tools`,
-    `chat_template_kwargs` and each system message (`messages[i]`; more than four together, `system messages`) the
-    tokens the prompt loses rendered without it, images and videos their placeholder tokens, and `messages` the
-    rest (the template's own markup included). A part the template cannot render without is left out (counted in
-    `messages`). Renders and tokenizes the conversation once more for each part: for a refused prompt only."""
+    `chat_template_kwargs`, each system message (`messages[i]`; more than four together, `system messages`) and each
+    of `groups` (messages by index, under a name: /v1/responses' `previous_response_id`) the tokens the prompt loses
+    rendered without it, images and videos their placeholder tokens, and `messages` the rest (the template's own
+    markup included). A part the template cannot render without is left out (counted in `messages`). Renders and
+    tokenizes the conversation once more for each part: for a refused prompt only."""
     tokenizer = context.tokenizer
     measured = removable_parts(messages, prompt.rendering, tokenizer,
-                               lambda rendered: len(tokenizer.encode(rendered.text, literals=rendered.literals)))
+                               lambda rendered: len(tokenizer.encode(rendered.text, literals=rendered.literals)),
+                               groups=groups)
     if measured is None:
         return []
     _, parts = measured

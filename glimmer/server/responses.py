@@ -41,6 +41,7 @@ from glimmer.server.response_store import ResponseStore, StoredResponse
 from glimmer.server.responses_input import (
     MessageSource,
     chat_messages,
+    continued_messages,
     input_items,
     responses_error,
     sealed_reasoning,
@@ -506,7 +507,8 @@ async def create_response(raw_request: Request, context: ServingContext) -> Resp
     conversation = await in_worker_thread(raw_request, lambda cancel: _conversation(request, context.responses))
     try:
         chat, first, stream = await start_chat_run(raw_request, context, conversation.chat, arrival, named,
-                                                   mark_messages=True)
+                                                   mark_messages=True,
+                                                   groups=continued_messages(conversation.sources))
     except RequestError as exc:  # raised naming chat fields: name the Responses request's own
         raise responses_error(exc, conversation.sources) from None
     summarize = reasoning_summary(request) is not None
@@ -528,7 +530,8 @@ async def count_input_tokens(raw_request: Request, context: ServingContext) -> R
     context.check_model(request.model)
     try:
         prompt = await in_worker_thread(raw_request,
-                                        lambda cancel: build_chat_prompt(conversation.chat, context, cancel),
+                                        lambda cancel: build_chat_prompt(conversation.chat, context, cancel,
+                                                                         continued_messages(conversation.sources)),
                                         prompt_threads(conversation.chat.messages, context))
     except RequestError as exc:  # raised naming chat fields: name the Responses request's own
         raise responses_error(exc, conversation.sources) from None

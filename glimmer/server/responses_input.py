@@ -101,6 +101,13 @@ def responses_error(error: RequestError, sources: list[MessageSource]) -> Reques
     return error.with_message(message, renamed)
 
 
+def continued_messages(sources: list[MessageSource]) -> dict[str, list[int]]:
+    """The chat messages (by index) of the responses previous_response_id continues, as a part a refusal of a prompt
+    too long measures apart (`prompt_parts`' groups): a short input after a long conversation was "shorten the
+    input", which could not help."""
+    return {_CHAIN: [i for i, source in enumerate(sources) if source.path == _CHAIN]}
+
+
 def _counting_the_chain(error: MediaLimitError, sources: list[MessageSource]) -> RequestError:
     """`error` saying how many of the images (or videos) it counted came from the responses previous_response_id
     continues, where any did: the request's input may hold fewer than the limit."""

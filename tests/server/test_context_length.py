@@ -110,6 +110,22 @@ def test_a_responses_prompt_too_long_names_its_own_field(server, fields, param, 
     assert max(shares, key=shares.get, default="input") == param and "messages" not in error["message"], error
 
 
+def test_a_responses_prompt_long_with_the_conversation_it_continues_names_previous_response_id(server):
+    """It said "the prompt has 536 tokens; shorten the input", param `input`, of a short input after a long
+    conversation: shortening the input did not help, the conversation previous_response_id continues held most of
+    it. The refusal counts that conversation apart and says how to leave it."""
+    first = httpx.post(server.base_url + "/responses", timeout=60, json={
+        "model": "tiny", "input": "lighthouse keepers watch the sea " * 15, "max_output_tokens": 4,
+        "chat_template_kwargs": PINNED_DATE}).json()
+    error = _refusal(server, "/responses", {"previous_response_id": first["id"], "max_output_tokens": 4,
+                                            "input": "keep the light burning " * 12})
+    shares = _shares(error["message"])
+    assert set(shares) == {"previous_response_id", "input"} and shares["previous_response_id"] > shares["input"], error
+    assert error["param"] == "previous_response_id", error
+    assert error["message"].endswith("continue an earlier response, or send a shorter conversation as input without "
+                                     "previous_response_id"), error
+
+
 def test_a_completions_prompt_too_long_is_refused_with_the_code_and_names_the_prompt(server):
     error = _refusal(server, "/completions", {"prompt": [50] * (LIMIT + 1), "max_tokens": 1})
     assert error["param"] == "prompt", error
