@@ -413,10 +413,13 @@ _UNION_FIELD_HINTS = {
 }
 
 
-# a token limit's name on another endpoint → its names here: Responses calls chat's max_tokens max_output_tokens
+# a field's name on another endpoint → its names here: Responses calls chat's max_tokens max_output_tokens, and
+# holds chat's reasoning_effort, response_format and verbosity in objects (OpenAI's 400 says they moved there)
 _RENAMED_FIELDS = {"max_tokens": ("max_output_tokens", "max_completion_tokens"),
                    "max_completion_tokens": ("max_tokens", "max_output_tokens"),
-                   "max_output_tokens": ("max_completion_tokens", "max_tokens")}
+                   "max_output_tokens": ("max_completion_tokens", "max_tokens"),
+                   "reasoning_effort": ("reasoning.effort",), "response_format": ("text.format",),
+                   "verbosity": ("text.verbosity",)}
 
 
 # the field that carries a request's input on each endpoint: a body missing its own and sending another's was posted
@@ -441,7 +444,7 @@ def _posted_to_another_endpoint(errors: list[Any]) -> RequestError | None:
 def _did_you_mean(name: str, fields: Collection[str]) -> str:
     """' (did you mean FIELD?)' for an unknown top-level field that is another endpoint's name of one of `fields` or
     a misspelling of one; '' otherwise."""
-    renamed = [field for field in _RENAMED_FIELDS.get(name, ()) if field in fields]
+    renamed = [field for field in _RENAMED_FIELDS.get(name, ()) if field.split(".")[0] in fields]
     close = renamed or difflib.get_close_matches(name, list(fields), n=1, cutoff=0.8)
     return f" (did you mean {close[0]}?)" if close else ""
 

@@ -181,11 +181,16 @@ def test_a_field_of_another_endpoint_is_an_unknown_field(server, path, fields, p
 
 @pytest.mark.parametrize(("path", "fields", "meant"), [
     ("/responses", {"max_tokens": 5}, "max_output_tokens"),  # OpenAI's Responses renamed chat's limit
+    ("/responses", {"reasoning_effort": "low"}, "reasoning.effort"),  # and moved chat's fields into objects
+    ("/responses", {"response_format": {"type": "json_object"}}, "text.format"),
+    ("/responses", {"verbosity": "medium"}, "text.verbosity"),
     ("/completions", {"max_completion_tokens": 3}, "max_tokens"),
     ("/chat/completions", {"temprature": 0}, "temperature"),
 ])
 def test_an_unknown_field_names_the_field_it_likely_meant(server, path, fields, meant):
-    """`max_tokens` on /v1/responses was refused as an unknown field without naming `max_output_tokens`."""
+    """`max_tokens` on /v1/responses was refused as an unknown field without naming `max_output_tokens`; so were
+    chat's `reasoning_effort`, `response_format` and `verbosity` there, which OpenAI's 400 says moved to
+    `reasoning.effort`, `text.format` and `text.verbosity`."""
     base = {"/chat/completions": {"messages": MESSAGES, "max_tokens": 2}, "/completions": {"prompt": "hi"},
             "/responses": {"input": "hi"}}[path]
     response = httpx.post(server.base_url + path, json={"model": "tiny", **base, **fields}, timeout=60)
