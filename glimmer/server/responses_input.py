@@ -414,7 +414,7 @@ def _refuse_unknown_fields(item: dict[str, Any], kind: Any, where: str) -> None:
 
 
 def _tool_call(item: dict[str, Any], where: str) -> dict[str, Any]:
-    name, call_id, arguments = item.get("name"), item.get("call_id"), item.get("arguments", "")
+    name, call_id, arguments = item.get("name"), item.get("call_id"), item.get("arguments")
     if not isinstance(name, str) or not isinstance(call_id, str) or not isinstance(arguments, str):
         raise RequestError(f"{where}: a function_call item needs string `name`, `call_id` and `arguments`",
                            param=where)
