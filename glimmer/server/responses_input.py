@@ -418,6 +418,9 @@ def _tool_call(item: dict[str, Any], where: str) -> dict[str, Any]:
     if not isinstance(name, str) or not isinstance(call_id, str) or not isinstance(arguments, str):
         raise RequestError(f"{where}: a function_call item needs string `name`, `call_id` and `arguments`",
                            param=where)
+    if not call_id:  # no function_call_output can answer it (its empty call_id names no call)
+        raise RequestError(f"{where}.call_id: must not be empty: it is the id the call's function_call_output "
+                           "answers", param=f"{where}.call_id")
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 

@@ -775,6 +775,16 @@ def test_a_function_call_item_without_its_arguments_is_refused_as_without_its_na
     assert taken[1]["tool_calls"][0]["function"]["arguments"] == ""  # an empty string is no arguments, as in chat
 
 
+def test_a_function_call_item_with_an_empty_call_id_is_refused_naming_it():
+    """It was taken, and no output could answer it (an output's empty call_id is refused, naming no call): the call
+    rendered as a turn whose result never came, where every other call needs its output."""
+    call = {"type": "function_call", "call_id": "", "name": "get_weather", "arguments": "{}"}
+    with pytest.raises(RequestError) as refused:
+        chat_messages([{"role": "user", "content": "[weather]"}, call, {"role": "user", "content": "and?"}], None)
+    assert refused.value.param == "input[1].call_id"
+    assert str(refused.value).startswith("input[1].call_id: must not be empty")
+
+
 def test_a_chat_shaped_tool_is_400_saying_responses_tools_are_flat(server):
     chat_tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
     body = {"model": "tiny", "input": "[weather]", "tools": [chat_tool]}
