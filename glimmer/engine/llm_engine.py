@@ -64,7 +64,7 @@ from glimmer.engine.kv_planner import (
 from glimmer.engine.lookahead import LaunchedStep, runs_ahead
 from glimmer.engine.model_loader import LoadedDrafter, LoadedModel, load_drafter, load_model, prepare_for_cpu
 from glimmer.engine.model_runner import ModelRunner, StepLogits
-from glimmer.engine.multimodal_inputs import attach_media, refuse_stray_placeholders
+from glimmer.engine.multimodal_inputs import attach_media, expansion_span, refuse_stray_placeholders
 from glimmer.engine.outputs import StepDelta
 from glimmer.engine.proposers import DFlashProposer
 from glimmer.engine.rejection_sampler import Proposal, verify
@@ -85,7 +85,14 @@ from glimmer.errors import (
     RequestError,
 )
 from glimmer.multimodal import MediaLimits, MediaProcessor, checkpoint_media_settings
-from glimmer.multimodal.placeholders import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
+from glimmer.multimodal.placeholders import (
+    IMAGE_END,
+    IMAGE_PLACEHOLDER,
+    IMAGE_START,
+    VIDEO_END,
+    VIDEO_PLACEHOLDER,
+    VIDEO_START,
+)
 from glimmer.protocol import ChatTemplate
 
 logger = logging.getLogger(__name__)
@@ -825,10 +832,12 @@ class LLMEngine:
         """The prompt's last `params.truncate_prompt_tokens` tokens (-1: max_model_len) and its media items, as vLLM
         truncates a prompt (from the left); as given where that is None or the prompt is no longer. Run where the
         prompt's ids are decided, so that the request's usage, echo and prompt_logprobs see the truncated prompt. An
-        item whose placeholder tokens are all cut off is dropped; the others are moved with the tokens kept.
+        item whose expansion (its markers and placeholder tokens, `expansion_span`) is all cut off is dropped; the
+        others are moved with the tokens kept.
 
         Raises RequestError naming truncate_prompt_tokens for a value past max_model_len (vLLM's server's 400) or a
-        cut inside an image's or video's placeholder tokens (its features would no longer fit them)."""
+        cut inside an image's or video's expansion (its features would no longer fit its placeholders, or they would
+        stand without the start marker, or an end marker without them)."""
         if params.truncate_prompt_tokens is None:
             return token_ids, multimodal
         params.validate()  # a SamplingParams is mutable: 0 set after construction would keep the whole prompt
@@ -839,17 +848,20 @@ class LLMEngine:
         cut = len(token_ids) - keep
         if cut <= 0:
             return token_ids, multimodal
+        config, to_id = self.model_config, self.tokenizer.token_to_id
+        markers = {config.image_token_id: (to_id(IMAGE_START), to_id(IMAGE_END)),
+                   config.video_token_id: (to_id(VIDEO_START), to_id(VIDEO_END))}
         kept = []
         for index, item in enumerate(multimodal):
-            if all(offset + length <= cut for offset, length in item.runs):
+            start, end = expansion_span(token_ids, item, *markers[token_ids[item.runs[0][0]]])
+            if end <= cut:
                 continue
-            if item.overlaps(0, cut):
-                start, end = item.runs[0][0], item.runs[-1][0] + item.runs[-1][1]
+            if start < cut:
                 raise RequestError(
                     f"truncate_prompt_tokens: keeping the prompt's last {keep} of its {len(token_ids)} tokens would "
-                    f"cut into the placeholder tokens of its image or video {index} (positions {start} to {end - 1}), "
-                    f"whose features fill them all; keep at most {len(token_ids) - end} tokens (after it) or at "
-                    f"least {len(token_ids) - start} (from its start)", param="truncate_prompt_tokens")
+                    f"cut into its image or video {index} (positions {start} to {end - 1}, its markers and the "
+                    f"placeholder tokens its features fill); keep at most {len(token_ids) - end} tokens (after it) or "
+                    f"at least {len(token_ids) - start} (from its start)", param="truncate_prompt_tokens")
             kept.append(dataclasses.replace(item, runs=tuple((offset - cut, length) for offset, length in item.runs)))
         return token_ids[cut:], kept
 

@@ -73,6 +73,17 @@ def attach_media(
     return items
 
 
+def expansion_span(token_ids: list[int], item: MultimodalItem, start_id: int | None, end_id: int | None
+                   ) -> tuple[int, int]:
+    """[start, end) of an item's whole expansion in `token_ids`: from the start marker before its first placeholder
+    run (`<|image_start|>`; `<|vid_start|>`, before the first group's timestamp) through the end marker after its
+    last (`<|image_end|>`, `<|vid_end|>`); its runs alone where a marker is not there."""
+    first, last = item.runs[0][0], item.runs[-1][0] + item.runs[-1][1]
+    start = next((i for i in range(first - 1, -1, -1) if token_ids[i] == start_id), first)
+    end = next((i + 1 for i in range(last, len(token_ids)) if token_ids[i] == end_id), last)
+    return start, end
+
+
 def refuse_stray_placeholders(token_ids: list[int], image_token_id: int | None, video_token_id: int | None) -> None:
     """A prompt without media must not contain placeholder ids: they would be embedded as token 0."""
     for name, token_id in (("image", image_token_id), ("video", video_token_id)):

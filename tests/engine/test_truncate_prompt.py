@@ -9,6 +9,7 @@ from PIL import Image
 
 from glimmer import LLM, SamplingParams
 from glimmer.errors import ContextLengthError, RequestError
+from glimmer.multimodal import DecodedVideo
 
 MAX_MODEL_LEN = 64
 PROMPT_IDS = [5, 77, 130, 42, 99, 310, 12, 8, 250, 61, 17, 23]
@@ -135,15 +136,37 @@ def _image() -> Image.Image:
     return Image.fromarray((np.random.RandomState(3).rand(60, 90, 3) * 255).astype("uint8"))
 
 
-def test_a_cut_inside_an_images_placeholders_is_refused_naming_the_field(vision_llm):
+def _expansion_bounds(llm: LLM, ids: list[int], start: str, end: str) -> tuple[int, int]:
+    """Positions of the first `start` marker and the last `end` marker of a prompt with one media item."""
+    start_id, end_id = llm.get_tokenizer().convert_tokens_to_ids([start, end])
+    return ids.index(start_id), len(ids) - 1 - ids[::-1].index(end_id)
+
+
+@pytest.mark.parametrize("where", ["last patch", "image end", "first patch"])
+def test_a_cut_inside_an_images_expansion_is_refused_naming_the_field(vision_llm, where):
+    """The image is its whole expansion, <|image_start|> + <|patch|> x N + <|image_end|>: a cut that keeps its
+    patches without the start marker, or its end marker without the patches, leaves what no prompt holds."""
     prompt = {"prompt": "<|begin_of_text|>Describe <|patch|> briefly.", "multi_modal_data": {"image": _image()}}
-    whole = vision_llm.generate(prompt, _greedy())[0]
-    image_token = vision_llm.engine.model_config.image_token_id
-    after = len(whole.prompt_token_ids) - 1 - max(i for i, t in enumerate(whole.prompt_token_ids) if t == image_token)
+    ids = vision_llm.generate(prompt, _greedy())[0].prompt_token_ids
+    first, last = _expansion_bounds(vision_llm, ids, "<|image_start|>", "<|image_end|>")
+    keep = {"last patch": len(ids) - last + 1, "image end": len(ids) - last, "first patch": len(ids) - first - 1}[where]
     with pytest.raises(RequestError) as caught:
-        vision_llm.generate(prompt, _greedy(truncate_prompt_tokens=after + 1))
-    assert caught.value.param == "truncate_prompt_tokens" and f"keep at most {after} tokens" in str(caught.value)
+        vision_llm.generate(prompt, _greedy(truncate_prompt_tokens=keep))
+    assert caught.value.param == "truncate_prompt_tokens"
+    assert f"keep at most {len(ids) - last - 1} tokens (after it) or at least {len(ids) - first}" in str(caught.value)
     assert not vision_llm.engine.has_unfinished_requests
+
+
+def test_a_cut_between_a_videos_start_and_its_first_frames_is_refused(vision_llm):
+    frames = DecodedVideo((np.random.RandomState(4).rand(4, 56, 56, 3) * 255).astype("uint8"), fps=2.0)
+    prompt = {"prompt": "<|begin_of_text|>What happens in <|video|> here?", "multi_modal_data": {"video": frames}}
+    ids = vision_llm.generate(prompt, _greedy())[0].prompt_token_ids
+    first, last = _expansion_bounds(vision_llm, ids, "<|vid_start|>", "<|vid_end|>")
+    with pytest.raises(RequestError) as caught:
+        vision_llm.generate(prompt, _greedy(truncate_prompt_tokens=len(ids) - first - 1))
+    assert f"keep at most {len(ids) - last - 1} tokens (after it) or at least {len(ids) - first}" in str(caught.value)
+    kept = vision_llm.generate(prompt, _greedy(truncate_prompt_tokens=len(ids) - first))[0]
+    assert kept.prompt_token_ids == ids[first:]
 
 
 def test_a_kept_image_is_moved_with_its_tokens(vision_llm):

@@ -119,5 +119,5 @@ def test_a_cut_into_an_images_placeholders_is_a_400_naming_the_field(server):
     image = tokens.index(server.engine.engine.model_config.image_token_id)
     response = post(server, "/chat/completions", messages=messages, truncate_prompt_tokens=len(tokens) - image - 1)
     assert refused_param(response) == "truncate_prompt_tokens"
-    assert "placeholder tokens of its image or video 0" in response.json()["error"]["message"]
+    assert "cut into its image or video 0" in response.json()["error"]["message"]
     assert server.wait_for_idle()["glimmer_num_requests_running"] == 0
