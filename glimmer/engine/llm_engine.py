@@ -848,12 +848,9 @@ class LLMEngine:
         cut = len(token_ids) - keep
         if cut <= 0:
             return token_ids, multimodal
-        config, to_id = self.model_config, self.tokenizer.token_to_id
-        markers = {config.image_token_id: (to_id(IMAGE_START), to_id(IMAGE_END)),
-                   config.video_token_id: (to_id(VIDEO_START), to_id(VIDEO_END))}
         kept = []
-        for index, item in enumerate(multimodal):
-            start, end = expansion_span(token_ids, item, *markers[token_ids[item.runs[0][0]]])
+        for index, (item, (start, end)) in enumerate(zip(multimodal, self.media_expansion_spans(token_ids, multimodal),
+                                                         strict=True)):
             if end <= cut:
                 continue
             if start < cut:
@@ -864,6 +861,14 @@ class LLMEngine:
                     f"at least {len(token_ids) - start} (from its start)", param="truncate_prompt_tokens")
             kept.append(dataclasses.replace(item, runs=tuple((offset - cut, length) for offset, length in item.runs)))
         return token_ids[cut:], kept
+
+    def media_expansion_spans(self, token_ids: list[int], multimodal: list[MultimodalItem]) -> list[tuple[int, int]]:
+        """[start, end) of each item's whole expansion in `token_ids`, its start and end markers included
+        (`multimodal_inputs.expansion_span`), in the order of `multimodal`."""
+        config, to_id = self.model_config, self.tokenizer.token_to_id
+        markers = {config.image_token_id: (to_id(IMAGE_START), to_id(IMAGE_END)),
+                   config.video_token_id: (to_id(VIDEO_START), to_id(VIDEO_END))}
+        return [expansion_span(token_ids, item, *markers[token_ids[item.runs[0][0]]]) for item in multimodal]
 
     def _media_for(self, videos: list | tuple, *, param: str) -> MediaProcessor:
         """The media processor, for a prompt with media (and `videos`); RequestError naming `param` when the model

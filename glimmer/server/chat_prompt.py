@@ -177,9 +177,10 @@ def prompt_parts(messages: list[dict[str, Any]], prompt: ChatPrompt, context: Se
     """The tokens each part of a chat request made of its prompt, to say which made it too long: `tools`,
     `chat_template_kwargs`, each system message (`messages[i]`; more than four together, `system messages`) and each
     of `groups` (messages by index, under a name: /v1/responses' `previous_response_id`) the tokens the prompt loses
-    rendered without it, images and videos their placeholder tokens, and `messages` the rest (the template's own
-    markup included). A part the template cannot render without is left out (counted in `messages`). Renders and
-    tokenizes the conversation once more for each part: for a refused prompt only."""
+    rendered without it, images and videos their whole expansions (placeholder tokens, start and end markers, a
+    video's timestamps and separators), and `messages` the rest (the template's own markup included). A part the
+    template cannot render without is left out (counted in `messages`). Renders and tokenizes the conversation once
+    more for each part: for a refused prompt only."""
     tokenizer = context.tokenizer
     measured = removable_parts(messages, prompt.rendering, tokenizer,
                                lambda rendered: len(tokenizer.encode(rendered.text, literals=rendered.literals)),
@@ -187,9 +188,13 @@ def prompt_parts(messages: list[dict[str, Any]], prompt: ChatPrompt, context: Se
     if measured is None:
         return []
     _, parts = measured
-    config = context.engine.engine.model_config
-    parts += [PromptPart("images", prompt.token_ids.count(config.image_token_id), "messages"),
-              PromptPart("videos", prompt.token_ids.count(config.video_token_id), "messages")]
+    engine = context.engine.engine
+    media_tokens = {engine.model_config.image_token_id: 0, engine.model_config.video_token_id: 0}
+    for item, (start, end) in zip(prompt.multimodal, engine.media_expansion_spans(prompt.token_ids, prompt.multimodal),
+                                  strict=True):
+        media_tokens[prompt.token_ids[item.runs[0][0]]] += end - start
+    parts += [PromptPart("images", media_tokens[engine.model_config.image_token_id], "messages"),
+              PromptPart("videos", media_tokens[engine.model_config.video_token_id], "messages")]
     parts.append(PromptPart("messages", len(prompt.token_ids) - sum(max(part.size, 0) for part in parts), "messages"))
     return parts
 

@@ -279,6 +279,30 @@ def test_images_past_the_context_are_a_400_with_the_context_length_code(checkpoi
         "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}
 
 
+def test_a_prompt_past_the_context_counts_each_image_and_video_with_its_markers_and_timestamps(checkpoint,
+                                                                                               tmp_path):
+    """The refusal's share of images and videos counted their placeholder tokens alone: each image's
+    <|image_start|> and <|image_end|>, and a video's <|vid_start|>, timestamps, separators and <|vid_end|>, were
+    counted as `messages`, the part it named to shorten."""
+    import httpx
+
+    video = "data:video/x-matroska;base64," + base64.b64encode(_mkv_video(tmp_path)).decode()
+    parts = [{"type": "image_url", "image_url": {"url": _data_url(_png(1, (300, 200)))}},
+             {"type": "video_url", "video_url": {"url": video}}, {"type": "text", "text": "What is shown?"}]
+    messages = [{"role": "user", "content": parts}]
+    with live_server(checkpoint, engine_options={"max_model_len": 120}) as live:
+        tokens = httpx.post(live.base_url.removesuffix("/v1") + "/tokenize", timeout=60,
+                            json={"messages": messages, **EXTRA}).json()["tokens"]
+        response = httpx.post(live.base_url + "/chat/completions", timeout=60, json={
+            "model": "tiny", "max_tokens": 2, "messages": messages, **EXTRA})
+        marker = live.engine.engine.tokenizer.token_to_id
+    spans = {kind: tokens.index(marker(start)) - tokens.index(marker(end)) - 1 for kind, start, end in
+             [("images", "<|image_start|>", "<|image_end|>"), ("videos", "<|vid_start|>", "<|vid_end|>")]}
+    message = response.json()["error"]["message"]
+    assert response.status_code == 400 and f"but the prompt has {len(tokens)} tokens (" in message
+    assert f"images {-spans['images']}" in message and f"videos {-spans['videos']}" in message
+
+
 @contextlib.contextmanager
 def _image_host(answer):
     """The base URL of a local http image host: `answer(path)` gives a GET's body (None: 404), a thread a request."""
