@@ -14,11 +14,10 @@ target's (§10.1), so the file must hold none.
 from __future__ import annotations
 
 import dataclasses
-import re
 from pathlib import Path
 from typing import Any
 
-from glimmer.checkpoint.gguf_file import CONVERT_AGAIN, GGUF_ADVICE, GGUFFile
+from glimmer.checkpoint.gguf_file import CONVERT_AGAIN, GGUF_ADVICE, GGUFFile, fields_as_gguf_keys
 from glimmer.checkpoint.gguf_model import refuse_rope_scaling, refuse_too_many_layers
 from glimmer.checkpoint.mapped_tensors import MappedTensor, MappedTensors
 
@@ -48,7 +47,7 @@ _FIELD_KEYS = {field: f"{ARCH}.{key}" for field, key in _FIELD_KEYS.items()} | {
 def name_gguf_keys(message: str) -> str:
     """An error about the drafter config read from a GGUF, each field named by the key the file holds it under
     (`block_size=0` → `dflash.block_size=0`)."""
-    return re.sub(rf"\b({'|'.join(_FIELD_KEYS)})=", lambda m: f"{_FIELD_KEYS[m.group(1)]}=", message)
+    return fields_as_gguf_keys(message, _FIELD_KEYS)
 
 
 def read_gguf_drafter(path: str | Path) -> tuple[dict[str, Any], MappedTensors]:

@@ -43,7 +43,7 @@ from glimmer.checkpoint.config import (
     too_many_layers,
 )
 from glimmer.checkpoint.config_common_fields import NEVER_FEATURES
-from glimmer.checkpoint.gguf_file import CONVERT_AGAIN, GGUFFile
+from glimmer.checkpoint.gguf_file import CONVERT_AGAIN, GGUFFile, fields_as_gguf_keys
 from glimmer.checkpoint.mapped_tensors import MappedTensor, MappedTensors
 from glimmer.checkpoint.weight_layouts import interleaved_to_rotate_half
 from glimmer.errors import ConfigError
@@ -266,12 +266,27 @@ def _text_config(file: GGUFFile) -> tuple[TextConfig, list[str]]:
             pad_token_id=_token_id(file, "tokenizer.ggml.padding_token_id", vocab, required=False),
         )
     except ConfigError as exc:
-        raise file.error(f"the metadata describes an invalid model: {exc}") from None
+        keys = _FIELD_KEYS | {"rope_theta": _key("rope.freq_base_swa" if file.has(_key("rope.freq_base_swa"))
+                                                 else "rope.freq_base")}
+        raise file.error("the metadata describes an invalid model: "
+                         f"{fields_as_gguf_keys(str(exc), keys, 'text_config')}") from None
     warnings = list(notes)
     if defaulted:
         warnings.insert(0, f"{file.path}: metadata keys absent from the GGUF took the reference defaults: "
                            + ", ".join(defaulted))
     return text, warnings
+
+
+# text config field → the GGUF key it is read from, for errors about a value of the file (rope_theta's is freq_base or
+# freq_base_swa, whichever was read; vocab_size is token_embd.weight's rows, qk_scale_factor attn_q_norm's entries)
+_FIELD_KEYS = {field: _key(name) for field, name in (
+    ("hidden_size", "embedding_length"), ("intermediate_size", "feed_forward_length"),
+    ("num_hidden_layers", "block_count"), ("num_attention_heads", "attention.head_count"),
+    ("num_key_value_heads", "attention.head_count_kv"), ("head_dim", "attention.key_length"),
+    ("rms_norm_eps", "attention.layer_norm_rms_epsilon"), ("sliding_window", "attention.sliding_window"),
+    ("output_multiplier", "logit_scale"), ("final_logit_softcapping", "final_logit_softcapping"),
+    ("max_position_embeddings", "context_length"),
+)} | {"bos_token_id": "tokenizer.ggml.bos_token_id", "pad_token_id": "tokenizer.ggml.padding_token_id"}
 
 
 # llama.cpp scales RoPE positions by 1/factor when a file carries one of these (llama_model::load_hparams reads them

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from glimmer.checkpoint.config import TextConfig, VisionConfig, reference_vision_layer_types
-from glimmer.checkpoint.gguf_file import GGUFFile
+from glimmer.checkpoint.gguf_file import GGUFFile, fields_as_gguf_keys
 from glimmer.checkpoint.mapped_tensors import MappedTensor
 from glimmer.checkpoint.weight_layouts import interleaved_to_rotate_half
 from glimmer.errors import ConfigError
@@ -44,6 +44,14 @@ VIDEO_UNSUPPORTED = (
     "videos need the safetensors checkpoint's vision tower: the GGUF mmproj's patch embedding has the two "
     "temporal slabs summed, which is exact for images only"
 )
+
+# vision config field → the mmproj key it is read from, for errors about a value of the file
+_FIELD_KEYS = {field: f"clip.vision.{name}" for field, name in (
+    ("hidden_size", "embedding_length"), ("intermediate_size", "feed_forward_length"),
+    ("num_hidden_layers", "block_count"), ("num_attention_heads", "attention.head_count"),
+    ("patch_size", "patch_size"), ("merge_size", "spatial_merge_size"),
+    ("layer_norm_eps", "attention.layer_norm_epsilon"),
+)}
 
 
 @dataclass(frozen=True)
@@ -107,7 +115,8 @@ def read_mmproj(path: str | Path, text: TextConfig) -> MmprojVision:
             layer_types=reference_vision_layer_types(layers),
         )
     except ConfigError as exc:
-        raise file.error(f"the metadata describes an invalid vision tower: {exc}") from None
+        raise file.error("the metadata describes an invalid vision tower: "
+                         f"{fields_as_gguf_keys(str(exc), _FIELD_KEYS, 'vision_config')}") from None
     projector_hidden = adapter_in.shape[0]
     out_hidden = hidden * merge**2
     entries = _vision_tensors(file, config, text, projector_hidden, out_hidden)

@@ -338,6 +338,42 @@ def test_a_sliding_window_that_is_not_an_integer_is_refused_naming_the_key(f32_g
     assert str(err.value) == f"{path}: metadata {key} is FLOAT32, expected an integer"
 
 
+@pytest.mark.parametrize(("change", "refusal"), [
+    ({"muse-glimmer.final_logit_softcapping": 0.0},
+     "muse-glimmer.final_logit_softcapping=0.0 is invalid; expected a positive finite number"),
+    ({"muse-glimmer.attention.layer_norm_rms_epsilon": float("inf")},
+     "muse-glimmer.attention.layer_norm_rms_epsilon=inf is invalid; expected a positive finite number"),
+    ({"muse-glimmer.attention.head_count_kv": 3},
+     "muse-glimmer.attention.head_count=4 is not a multiple of muse-glimmer.attention.head_count_kv=3"),
+], ids=["softcap", "eps", "heads"])
+def test_an_invalid_metadata_value_is_named_by_its_gguf_key(f32_gguf, tmp_path, change, refusal):
+    """QA: a value the config refuses was named by the config.json field it became (text_config.final_logit_softcapping,
+    text_config.num_attention_heads), which a GGUF does not have, not by the metadata key that holds it."""
+    from test_gguf_hostile import _rewrite
+
+    path = _rewrite(f32_gguf, tmp_path / "invalid.gguf", change)
+    with pytest.raises(CheckpointError) as err:
+        read_gguf_model(path)
+    assert str(err.value).startswith(f"{path}: the metadata describes an invalid model: {refusal}")
+    assert "text_config" not in str(err.value)
+
+
+def test_an_invalid_mmproj_metadata_value_is_named_by_its_gguf_key(make_tiny, tmp_path):
+    """QA: as the model's, an mmproj's value the vision config refuses was named vision_config.layer_norm_eps."""
+    from gguf_export import export_mmproj_gguf
+    from test_gguf_hostile import _rewrite
+
+    checkpoint = make_tiny("canonical", vision=True)
+    model = export_text_gguf(checkpoint, tmp_path / "model.gguf")
+    key = "clip.vision.attention.layer_norm_epsilon"
+    mmproj = _rewrite(export_mmproj_gguf(checkpoint, tmp_path / "mmproj.gguf"), tmp_path / "bad-mmproj.gguf",
+                      {key: 0.0})
+    with pytest.raises(CheckpointError) as err:
+        read_gguf_model(model, mmproj)
+    assert str(err.value) == (f"{mmproj}: the metadata describes an invalid vision tower: {key}=0.0 is invalid; "
+                              "expected a positive finite number")
+
+
 def test_sampling_defaults_glimmer_does_not_read_are_named_in_one_warning(f32_gguf, tmp_path, caplog):
     """llama.cpp's converter writes general.sampling.penalty_repeat (its penalty over the last penalty_last_n tokens,
     not transformers' repetition_penalty) and the like; Glimmer left them out without a word, where the muse-glimmer.*

@@ -85,7 +85,8 @@ def _rewrite(source: Path, out: Path, change: dict, drop: tuple[str, ...] = (), 
     raw_dtype), or the copy split into parts of `split_max_tensors` tensors as gguf-split does), using gguf's own
     reader and writer."""
     reader = gguf.GGUFReader(source)
-    writer = gguf.GGUFWriter(out, "muse-glimmer", split_max_tensors=split_max_tensors)
+    architecture = reader.fields["general.architecture"].contents()  # muse-glimmer, or clip for an mmproj
+    writer = gguf.GGUFWriter(out, architecture, split_max_tensors=split_max_tensors)
     for field in reader.fields.values():
         name = field.name
         if name.startswith("GGUF.") or name == "general.architecture" or name in drop:
