@@ -40,6 +40,9 @@ PATCH_TEMPORAL = 2
 VISION_ROPE_THETA = 10000.0
 IMAGE_TOKEN = "<|patch|>"
 VIDEO_TOKEN = "<|video|>"
+# the release's image preprocessing (architecture.md §6), for an mmproj that lacks the keys giving it
+REFERENCE_NORMALIZATION = (0.5, 0.5, 0.5)  # image_mean and image_std: pixel = (x/255 − 0.5)/0.5
+REFERENCE_MAX_IMAGE_TOKENS = 4096
 VIDEO_UNSUPPORTED = (
     "videos need the safetensors checkpoint's vision tower: the GGUF mmproj's patch embedding has the two "
     "temporal slabs summed, which is exact for images only"
@@ -123,17 +126,20 @@ def read_mmproj(path: str | Path, text: TextConfig) -> MmprojVision:
     types: dict[str, int] = {}
     for entry in file.tensors.values():
         types[entry.type_name] = types.get(entry.type_name, 0) + 1
-    warnings = []
     preprocessor: dict[str, Any] = {"patch_size": patch, "temporal_patch_size": PATCH_TEMPORAL, "merge_size": merge}
+    defaulted = []
     # checked here, where the error can name the file and its key (the preprocessing settings would name fields
     # of a preprocessor_config.json the user does not have)
     for key, name in (("clip.vision.image_mean", "image_mean"), ("clip.vision.image_std", "image_std")):
-        if file.has(key):
-            values = file.array(key, "NUMBER")
-            if len(values) != 3 or not all(math.isfinite(v) and (v > 0 or name == "image_mean") for v in values):
-                raise file.error(f"{key}={values} is invalid; expected three finite numbers (R, G, B)"
-                                 + (", each positive" if name == "image_std" else ""))
-            preprocessor[name] = values
+        if not file.has(key):  # llama.cpp's clip loader requires them
+            preprocessor[name] = list(REFERENCE_NORMALIZATION)
+            defaulted.append(f"{key}={preprocessor[name]}")
+            continue
+        values = file.array(key, "NUMBER")
+        if len(values) != 3 or not all(math.isfinite(v) and (v > 0 or name == "image_mean") for v in values):
+            raise file.error(f"{key}={values} is invalid; expected three finite numbers (R, G, B)"
+                             + (", each positive" if name == "image_std" else ""))
+        preprocessor[name] = values
     if file.has("clip.vision.image_max_pixels"):
         # llama.cpp's image token budget: max pixels / (patch · merge)² merged tokens
         max_pixels, merged_patch = file.integer("clip.vision.image_max_pixels"), (patch * merge) ** 2
@@ -142,8 +148,10 @@ def read_mmproj(path: str | Path, text: TextConfig) -> MmprojVision:
                              f"patch, (patch_size · spatial_merge_size)² = {merged_patch} pixels")
         preprocessor["max_image_tokens"] = max_pixels // merged_patch
     else:
-        warnings.append(f"{file.path}: clip.vision.image_max_pixels is absent; images use the reference budget "
-                        "of 4096 tokens")
+        preprocessor["max_image_tokens"] = REFERENCE_MAX_IMAGE_TOKENS
+        defaulted.append(f"clip.vision.image_max_pixels=<{REFERENCE_MAX_IMAGE_TOKENS} tokens an image>")
+    warnings = [f"{file.path}: metadata keys absent from the mmproj took the reference values: {', '.join(defaulted)}"
+                ] if defaulted else []
     return MmprojVision(config, entries, types, warnings, out_hidden, projector_hidden, preprocessor,
                         file.total_bytes)
 

@@ -656,6 +656,30 @@ def test_bad_mmproj_preprocessing_metadata_is_refused_naming_the_file_and_key(ma
     assert str(err.value).startswith(f"{bad}: {key}={value} is invalid; ") and problem in str(err.value)
 
 
+def test_mmproj_preprocessing_keys_it_lacks_take_the_reference_values_in_one_warning(make_tiny, tmp_path):
+    """QA: an mmproj without clip.vision.image_mean / image_std (which llama.cpp's clip loader requires) normalized
+    images with the reference's 0.5 / 0.5 without a word, where an absent image_max_pixels is named in a warning."""
+    from gguf_export import export_mmproj_gguf
+    from test_gguf_hostile import _rewrite
+
+    from glimmer.multimodal.settings import MediaSettings, load_media_settings
+
+    checkpoint = make_tiny("canonical", vision=True)
+    model = export_text_gguf(checkpoint, tmp_path / "model.gguf")
+    good = export_mmproj_gguf(checkpoint, tmp_path / "mmproj.gguf")
+    assert not [w for w in read_gguf_model(model, good).config.warnings if w.startswith(str(good))]  # all written
+    mmproj = _rewrite(good, tmp_path / "bare-mmproj.gguf", {}, drop=(
+        "clip.vision.image_mean", "clip.vision.image_std", "clip.vision.image_max_pixels"))
+    loaded = read_gguf_model(model, mmproj)
+    assert [w for w in loaded.config.warnings if w.startswith(str(mmproj))] == [
+        f"{mmproj}: metadata keys absent from the mmproj took the reference values: "
+        "clip.vision.image_mean=[0.5, 0.5, 0.5], clip.vision.image_std=[0.5, 0.5, 0.5], "
+        "clip.vision.image_max_pixels=<4096 tokens an image>"]
+    settings = load_media_settings(loaded.preprocessor_config)
+    assert (settings.image_mean, settings.image_std, settings.max_image_tokens) == (
+        MediaSettings().image_mean, MediaSettings().image_std, MediaSettings().max_image_tokens)
+
+
 def test_an_image_sent_to_a_gguf_without_mmproj_is_refused_naming_mmproj(f32_gguf, tiny_checkpoint):
     """QA: an image sent to a GGUF loaded without --mmproj was refused as sent to a model with no vision tower, not
     saying that a GGUF's vision tower is the separate mmproj file; a safetensors checkpoint's refusal does not."""
