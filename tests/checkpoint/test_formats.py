@@ -199,6 +199,27 @@ def test_a_directory_holding_only_a_gguf_points_at_the_file(tiny_checkpoint, tmp
     assert "x.gguf" in capsys.readouterr().err
 
 
+def test_a_gguf_repository_with_an_mmproj_points_at_the_model_file_and_the_mmproj_for_images(make_tiny, tmp_path):
+    """QA: a directory as llama.cpp's multimodal GGUF repositories ship one (the model in each quantization beside
+    mmproj-F16.gguf) was refused suggesting its first file by name, the mmproj, as the model: following it gave "this
+    is a vision projector (mmproj) file"."""
+    from gguf_export import export_mmproj_gguf, export_text_gguf
+
+    checkpoint = make_tiny("canonical", vision=True)
+    folder = tmp_path / "muse-glimmer-gguf"
+    folder.mkdir()
+    export_mmproj_gguf(checkpoint, folder / "mmproj-muse-glimmer-f16.gguf")
+    export_text_gguf(checkpoint, folder / "muse-glimmer-f32.gguf")
+    with pytest.raises(CheckpointError) as err:
+        open_checkpoint(folder)
+    assert str(err.value) == (
+        f"{folder} has no config.json but holds the GGUF files mmproj-muse-glimmer-f16.gguf, muse-glimmer-f32.gguf; "
+        f"a GGUF is a whole model: pass the file itself (e.g. {folder / 'muse-glimmer-f32.gguf'}), with "
+        f"--mmproj {folder / 'mmproj-muse-glimmer-f16.gguf'} for images")
+    opened = open_checkpoint(folder / "muse-glimmer-f32.gguf", mmproj=folder / "mmproj-muse-glimmer-f16.gguf")
+    assert opened.config.vision is not None
+
+
 def test_a_directory_with_a_config_and_only_a_gguf_points_at_the_file_not_at_random_weights(tiny_checkpoint,
                                                                                               tmp_path):
     """QA: a config.json beside the GGUF (as some GGUF repositories ship) gave "no weights found ... pass
