@@ -56,6 +56,14 @@ _FIELD_KEYS = {field: f"clip.vision.{name}" for field, name in (
     ("layer_norm_eps", "attention.layer_norm_epsilon"),
 )}
 
+# every clip.* key read_mmproj reads, and clip.vision.image_size, llama.cpp's warm-up image (Glimmer sizes each image by
+# image_max_pixels); any other is ignored with a warning, as the model GGUF's unread muse-glimmer.* keys are
+_KNOWN_KEYS = frozenset({
+    "clip.projector_type", "clip.vision.projector_type", "clip.has_vision_encoder", "clip.vision.projection_dim",
+    "clip.vision.image_size", "clip.vision.image_mean", "clip.vision.image_std", "clip.vision.image_max_pixels",
+    *_FIELD_KEYS.values(),
+})
+
 
 @dataclass(frozen=True)
 class MmprojVision:
@@ -152,6 +160,9 @@ def read_mmproj(path: str | Path, text: TextConfig) -> MmprojVision:
         defaulted.append(f"clip.vision.image_max_pixels=<{REFERENCE_MAX_IMAGE_TOKENS} tokens an image>")
     warnings = [f"{file.path}: metadata keys absent from the mmproj took the reference values: {', '.join(defaulted)}"
                 ] if defaulted else []
+    unread = sorted(key for key in file.metadata if key.startswith("clip.") and key not in _KNOWN_KEYS)
+    if unread:
+        warnings.append(f"{file.path}: ignoring metadata keys Glimmer does not read: {', '.join(unread)}")
     return MmprojVision(config, entries, types, warnings, out_hidden, projector_hidden, preprocessor,
                         file.total_bytes)
 

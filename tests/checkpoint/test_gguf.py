@@ -680,6 +680,25 @@ def test_mmproj_preprocessing_keys_it_lacks_take_the_reference_values_in_one_war
         MediaSettings().image_mean, MediaSettings().image_std, MediaSettings().max_image_tokens)
 
 
+def test_mmproj_keys_glimmer_does_not_read_are_named_in_a_warning(make_tiny, tmp_path):
+    """QA: an mmproj's clip.* keys Glimmer does not read (a window-attention layer list, a minimum image size, another
+    activation) were ignored without a word, where the model GGUF's muse-glimmer.* ones are named in a warning."""
+    from gguf_export import export_mmproj_gguf
+    from test_gguf_hostile import _rewrite
+
+    checkpoint = make_tiny("canonical", vision=True)
+    model = export_text_gguf(checkpoint, tmp_path / "model.gguf")
+    good = export_mmproj_gguf(checkpoint, tmp_path / "mmproj.gguf")
+    assert not [w for w in read_gguf_model(model, good).config.warnings if w.startswith(str(good))]  # all read
+    mmproj = _rewrite(good, tmp_path / "more-mmproj.gguf", {}, add={
+        "clip.vision.wa_layer_indexes": ([0, 1], gguf.GGUFValueType.ARRAY),
+        "clip.vision.image_min_pixels": (3136, gguf.GGUFValueType.UINT32),
+        "clip.use_silu": (True, gguf.GGUFValueType.BOOL)})
+    assert [w for w in read_gguf_model(model, mmproj).config.warnings if w.startswith(str(mmproj))] == [
+        f"{mmproj}: ignoring metadata keys Glimmer does not read: clip.use_silu, clip.vision.image_min_pixels, "
+        "clip.vision.wa_layer_indexes"]
+
+
 def test_an_image_sent_to_a_gguf_without_mmproj_is_refused_naming_mmproj(f32_gguf, tiny_checkpoint):
     """QA: an image sent to a GGUF loaded without --mmproj was refused as sent to a model with no vision tower, not
     saying that a GGUF's vision tower is the separate mmproj file; a safetensors checkpoint's refusal does not."""
