@@ -85,12 +85,16 @@ def _prefix_cache_reading_changes_nothing(value: object, given: Mapping[str, Any
 
 
 def _quantization_changes_nothing(value: object, given: Mapping[str, Any]) -> bool:
-    """None, or vLLM's 'compressed-tensors' for a checkpoint whose config.json says it is one (read then as it is
-    without the argument)."""
+    """None, vLLM's 'compressed-tensors' for a checkpoint whose config.json says it is one, or its 'gguf' for a GGUF
+    file (which vLLM sets itself for one): each read then as it is without the argument."""
     if value is None:
         return True
-    if value != "compressed-tensors" or not isinstance(given.get("model"), str | os.PathLike):
+    if value not in ("compressed-tensors", "gguf") or not isinstance(given.get("model"), str | os.PathLike):
         return False
+    if value == "gguf":
+        from glimmer.checkpoint.gguf_file import is_gguf_path
+
+        return is_gguf_path(model_location(given["model"]))
     from glimmer.checkpoint.compressed_tensors import is_compressed_tensors_config
     from glimmer.checkpoint.json_files import read_json_object
     from glimmer.checkpoint.resolve import resolve_checkpoint
@@ -392,7 +396,7 @@ VLLM_ONLY_LLM_ARGUMENTS: dict[str, VllmArgument] = {
     "quantization": VllmArgument(_quantization_changes_nothing, (
         "a quantized checkpoint is read by its format (GGUF, MLX, compressed-tensors NVFP4 by its "
         "quantization_config); leave it out, or pass 'compressed-tensors' with a compressed-tensors NVFP4 "
-        "checkpoint")),
+        "checkpoint or 'gguf' with a GGUF model")),
     "kv_cache_dtype": VllmArgument(_only("auto"), "the KV cache holds the model's dtype; leave it out"),
     "swap_space": VllmArgument(lambda value, given: isinstance(value, int | float) and not isinstance(value, bool), (
         "a number of GiB (Glimmer recomputes preempted requests instead of swapping them, so any number changes "

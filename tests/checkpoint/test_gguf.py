@@ -98,6 +98,25 @@ def test_greedy_tokens_and_stop_ids_match_the_safetensors_checkpoint(llms):
     assert from_gguf.engine.chat_template.source == from_dir.engine.chat_template.source
 
 
+def test_vllm_quantization_gguf_is_taken_for_a_gguf_only(f32_gguf, tiny_checkpoint):
+    """QA: vLLM's quantization="gguf" (`--quantization gguf`), which vLLM takes with a GGUF model (it sets it itself),
+    was refused "leave it out", though the README takes a vLLM argument whose value changes nothing, as it takes
+    "compressed-tensors" with such a checkpoint; with another checkpoint it is still refused."""
+    from glimmer.cli import _VLLM_SERVE_OPTIONS, UsageError, _check_vllm_options, build_parser
+    from glimmer.engine.vllm_arguments import VLLM_ONLY_LLM_ARGUMENTS
+    from glimmer.errors import UnsupportedArgumentError
+
+    llm = LLM(str(f32_gguf), quantization="gguf")
+    assert llm.generate([IDS[:8]], SamplingParams(max_tokens=2, temperature=0))[0].outputs[0].token_ids
+    _check_vllm_options(build_parser().parse_args(["serve", str(f32_gguf), "--quantization", "gguf"]),
+                        _VLLM_SERVE_OPTIONS, VLLM_ONLY_LLM_ARGUMENTS)
+    with pytest.raises(UnsupportedArgumentError, match=r"quantization: .*or 'gguf' with a GGUF model"):
+        LLM(str(tiny_checkpoint), quantization="gguf")
+    with pytest.raises(UsageError, match=r"--quantization gguf: .*or 'gguf' with a GGUF model"):
+        _check_vllm_options(build_parser().parse_args(["serve", str(tiny_checkpoint), "--quantization", "gguf"]),
+                            _VLLM_SERVE_OPTIONS, VLLM_ONLY_LLM_ARGUMENTS)
+
+
 def test_tokenizer_round_trip_is_identical_to_the_safetensors_tokenizer(tiny_checkpoint, llms):
     expected = Tokenizer.from_dir(tiny_checkpoint)
     rebuilt = llms[1].get_tokenizer()
