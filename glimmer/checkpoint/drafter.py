@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -249,11 +249,12 @@ def open_drafter_checkpoint(
         # a llama.cpp DFlash drafter GGUF, handed over under the HF names (gguf_drafter.py)
         from glimmer.checkpoint.gguf_drafter import name_gguf_keys, read_gguf_drafter
 
-        raw, tensors = read_gguf_drafter(location)
+        raw, tensors, unread = read_gguf_drafter(location)
         try:
             config = read_drafter_config(raw, source=str(location), mask_token_id=mask_token_id)
         except ConfigError as exc:  # it names config.json's fields, which the file does not hold
             raise ConfigError(name_gguf_keys(str(exc))) from None
+        config = replace(config, warnings=(*config.warnings, *unread))
         return DrafterCheckpoint(config, tensors, DRAFTER_CANONICAL, location)
     if location.is_file():
         if location.suffix != ".pt":

@@ -18,7 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from glimmer.checkpoint.gguf_file import CONVERT_AGAIN, GGUF_ADVICE, GGUFFile, fields_as_gguf_keys
-from glimmer.checkpoint.gguf_model import refuse_rope_scaling, refuse_too_many_layers
+from glimmer.checkpoint.gguf_model import (
+    ROPE_SCALING_KEYS,
+    refuse_other_head_sizes,
+    refuse_rope_scaling,
+    refuse_too_many_layers,
+    unread_keys_warning,
+)
 from glimmer.checkpoint.mapped_tensors import MappedTensor, MappedTensors
 
 ARCH = "dflash"
@@ -44,15 +50,24 @@ _FIELD_KEYS = {field: f"{ARCH}.{key}" for field, key in _FIELD_KEYS.items()} | {
     "mask_token_id": "tokenizer.ggml.mask_token_id"}
 
 
+# every key under `dflash.` read_gguf_drafter reads; any other is named in a warning, as a model GGUF's are
+_READ_KEYS = frozenset({
+    *(key.removeprefix(f"{ARCH}.") for key in _FIELD_KEYS.values() if key.startswith(f"{ARCH}.")),
+    "attention.value_length", "rope.dimension_count", "target_layers", "attention.sliding_window_pattern",
+    *ROPE_SCALING_KEYS,
+})
+
+
 def name_gguf_keys(message: str) -> str:
     """An error about the drafter config read from a GGUF, each field named by the key the file holds it under
     (`block_size=0` → `dflash.block_size=0`)."""
     return fields_as_gguf_keys(message, _FIELD_KEYS)
 
 
-def read_gguf_drafter(path: str | Path) -> tuple[dict[str, Any], MappedTensors]:
+def read_gguf_drafter(path: str | Path) -> tuple[dict[str, Any], MappedTensors, list[str]]:
     """(config.json dict of model_type muse_glimmer_assistant, its tensors under the canonical HF names, read
-    on demand as float32). Feeds `glimmer.checkpoint.drafter.open_drafter_checkpoint`.
+    on demand as float32, and the warning naming the `dflash.*` keys it does not read, if any). Feeds
+    `glimmer.checkpoint.drafter.open_drafter_checkpoint`.
 
     Raises CheckpointError: one line for a missing or bad metadata key; for missing, stray or misshapen tensors,
     one error listing them all (weight_mismatch.py).
@@ -70,6 +85,7 @@ def read_gguf_drafter(path: str | Path) -> tuple[dict[str, Any], MappedTensors]:
     hidden, inner = file.integer(key("embedding_length")), file.integer(key("feed_forward_length"))
     heads, kv_heads = file.integer(key("attention.head_count")), file.integer(key("attention.head_count_kv"))
     head_dim = file.integer(key("attention.key_length"))
+    refuse_other_head_sizes(file, ARCH, head_dim)
     refuse_rope_scaling(file, ARCH)
     targets = [t - 1 for t in file.array(key("target_layers"), "INTEGER")]
     if any(t < 0 for t in targets):
@@ -126,4 +142,4 @@ def read_gguf_drafter(path: str | Path) -> tuple[dict[str, Any], MappedTensors]:
     entries = {canonical: MappedTensor(file.tensor_info(canonical, shapes[canonical], stored),
                                        lambda stored=stored: file.read(stored))
                for stored, canonical in sources.items()}
-    return config, MappedTensors(file.path, entries, file.total_bytes)
+    return config, MappedTensors(file.path, entries, file.total_bytes), unread_keys_warning(file, ARCH, _READ_KEYS)

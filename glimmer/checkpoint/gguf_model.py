@@ -203,10 +203,7 @@ def _text_config(file: GGUFFile) -> tuple[TextConfig, list[str]]:
     heads = _per_layer_constant(file, "attention.head_count", n)
     kv_heads = _per_layer_constant(file, "attention.head_count_kv", n)
     head_dim = _positive(file, "attention.key_length")
-    for same in ("attention.value_length", "rope.dimension_count"):
-        if file.has(_key(same)) and file.integer(_key(same)) != head_dim:
-            raise file.error(f"{_key(same)}={file.integer(_key(same))} differs from attention.key_length={head_dim}; "
-                             "Muse Glimmer rotates and attends over the whole head")
+    refuse_other_head_sizes(file, ARCH, head_dim)
     theta = file.number(_key("rope.freq_base"))
     refuse_rope_scaling(file, ARCH)
     if file.has(_key("rope.freq_base_swa")):
@@ -293,6 +290,8 @@ _FIELD_KEYS = {field: _key(name) for field, name in (
 # for every architecture; absent or 0 means 1), or by YaRN / LongRoPE when its scaling type says so
 _ROPE_SCALING_FACTORS = ("rope.scaling.factor", "rope.scale_linear")
 _UNSCALED_ROPE_TYPES = ("none", "linear")  # linear by a factor of 1 scales nothing
+# the keys refuse_rope_scaling reads, under an architecture's prefix
+ROPE_SCALING_KEYS = ("rope.scaling.type", *_ROPE_SCALING_FACTORS)
 
 
 # llama.cpp's keys (under the architecture's prefix) for features Muse Glimmer lacks → config.json's flag of the same
@@ -309,7 +308,7 @@ _READ_KEYS = frozenset({
     "final_logit_softcapping", "attention.head_count", "attention.head_count_kv", "attention.key_length",
     "attention.value_length", "attention.layer_norm_rms_epsilon", "attention.sliding_window",
     "attention.sliding_window_pattern", "rope.dimension_count", "rope.freq_base", "rope.freq_base_swa",
-    "rope.scaling.type", *_ROPE_SCALING_FACTORS, *_NEVER_KEYS,
+    *ROPE_SCALING_KEYS, *_NEVER_KEYS,
 })
 
 
@@ -320,9 +319,7 @@ def _check_unread_keys(file: GGUFFile) -> list[str]:
         if file.has(_key(name)) and (value := read(file, _key(name))) != off:
             raise file.error(f"{_key(name)}={value!r} is not supported; Muse Glimmer has no {NEVER_FEATURES[flag]}: "
                              f"remove the key or {CONVERT_AGAIN}")
-    unread = sorted(key for key in file.metadata
-                    if key.startswith(f"{ARCH}.") and key.removeprefix(f"{ARCH}.") not in _READ_KEYS)
-    return [f"{file.path}: ignoring metadata keys Glimmer does not read: {', '.join(unread)}"] if unread else []
+    return unread_keys_warning(file, ARCH, _READ_KEYS)
 
 
 def refuse_too_many_layers(file: GGUFFile, key: str, n: int, largest: str) -> int:
@@ -332,6 +329,24 @@ def refuse_too_many_layers(file: GGUFFile, key: str, n: int, largest: str) -> in
     if problem := too_many_layers(key, n, largest):
         raise file.error(f"{problem}: the metadata is damaged; download the file again or {CONVERT_AGAIN}")
     return n
+
+
+def refuse_other_head_sizes(file: GGUFFile, arch: str, head_dim: int) -> None:
+    """Refuse a value_length or rope.dimension_count (under `arch`) other than key_length, `head_dim`: Muse Glimmer's
+    values and rotary embedding span the whole head. Raises CheckpointError naming the key."""
+    for same in ("attention.value_length", "rope.dimension_count"):
+        key = f"{arch}.{same}"
+        if file.has(key) and file.integer(key) != head_dim:
+            raise file.error(f"{key}={file.integer(key)} differs from attention.key_length={head_dim}; "
+                             "Muse Glimmer rotates and attends over the whole head")
+
+
+def unread_keys_warning(file: GGUFFile, arch: str, read: frozenset[str]) -> list[str]:
+    """The warning naming the keys under `arch.` that are not in `read` (`expert_count`, ...), as config.json's unknown
+    keys are named; none where there is none."""
+    unread = sorted(key for key in file.metadata
+                    if key.startswith(f"{arch}.") and key.removeprefix(f"{arch}.") not in read)
+    return [f"{file.path}: ignoring metadata keys Glimmer does not read: {', '.join(unread)}"] if unread else []
 
 
 def refuse_rope_scaling(file: GGUFFile, arch: str) -> None:

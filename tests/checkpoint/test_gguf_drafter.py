@@ -87,7 +87,8 @@ def test_drafter_gguf_gives_the_assistant_config_and_state_dict(reference, tmp_p
     from transformers.models.muse_glimmer_assistant import MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel
 
     state = {k: v.detach().clone() for k, v in reference.state_dict().items()}
-    config, tensors = read_gguf_drafter(write_drafter_gguf(tmp_path / "drafter.gguf", state, CONFIG))
+    config, tensors, warnings = read_gguf_drafter(write_drafter_gguf(tmp_path / "drafter.gguf", state, CONFIG))
+    assert warnings == []
     loaded = {name: tensors.read(name) for name in tensors.names()}
     assert loaded.keys() == state.keys() and all(torch.equal(loaded[k], state[k]) for k in state)
     rebuilt = MuseGlimmerAssistantConfig(**{k: v for k, v in config.items() if k != "model_type"})
@@ -162,6 +163,26 @@ def test_a_bad_drafter_value_is_named_by_its_gguf_key(reference, tmp_path, chang
     with pytest.raises(ConfigError) as err:
         open_drafter_checkpoint(path, mask_token_id=lambda: 500)
     assert str(err.value).startswith(f"{path}: {expected}"), str(err.value)
+
+
+def test_drafter_gguf_keys_glimmer_does_not_read_are_named_in_a_warning(reference, tmp_path):
+    """QA: a drafter GGUF's dflash.* keys Glimmer does not read (an expert count, a vocabulary size) were ignored
+    without a word, where a model GGUF's muse-glimmer.* ones are named in a warning; the drafter's value_length, which
+    the converter writes, is read, and one other than key_length refused as the model's is."""
+    from glimmer.checkpoint.drafter import open_drafter_checkpoint
+
+    state = {k: v.detach().clone() for k, v in reference.state_dict().items()}
+    good = open_drafter_checkpoint(write_drafter_gguf(tmp_path / "good.gguf", state, CONFIG), mask_token_id=lambda: 500)
+    assert not [w for w in good.config.warnings if "does not read" in w]
+    path = write_drafter_gguf(tmp_path / "d.gguf", state, CONFIG, extra_keys={
+        "dflash.expert_count": (8, gguf.GGUFValueType.UINT32),
+        "dflash.vocab_size": (512, gguf.GGUFValueType.UINT32)})
+    warnings = open_drafter_checkpoint(path, mask_token_id=lambda: 500).config.warnings
+    assert f"{path}: ignoring metadata keys Glimmer does not read: dflash.expert_count, dflash.vocab_size" in warnings
+    other = write_drafter_gguf(tmp_path / "v.gguf", state, CONFIG, extra_keys={
+        "dflash.rope.dimension_count": (8, gguf.GGUFValueType.UINT32)})
+    with pytest.raises(CheckpointError, match=r"dflash\.rope\.dimension_count=8 differs from attention\.key_length=16"):
+        read_gguf_drafter(other)
 
 
 def test_a_drafter_gguf_that_does_not_fit_the_target_is_named_with_its_key(make_tiny, tmp_path):
