@@ -99,6 +99,9 @@ def open_checkpoint(
     weights=False (dummy weights): a directory's config alone is read; `tensors` is then None.
     """
     path = Path(path)
+    if mmproj is not None and not str(mmproj).strip():  # Path("") is ".", the current directory
+        raise CheckpointError("--mmproj (mmproj=) is empty; pass the vision projector GGUF's path, or leave it out for "
+                              "text only")
     if mmproj is not None:  # `~/mmproj.gguf` is the user's, as the model path is (resolve.py)
         mmproj = os.path.expanduser(mmproj)
     if path.is_file():
