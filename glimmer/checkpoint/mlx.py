@@ -73,7 +73,7 @@ def open_mlx_artifact(path: Path, raw: dict[str, Any]) -> MlxArtifact:
         raise CheckpointError(f"{source}: muse_glimmer_mlx_format={version!r} is not supported (Glimmer reads version "
                               f"{MLX_FORMAT_VERSION}); regenerate the artifact with a packager that writes version "
                               f"{MLX_FORMAT_VERSION}, or load the original Hugging Face export")
-    default, overrides = _quantization(raw, source)
+    default, overrides, spec_key = _quantization(raw, source)
     described = {k: v for k, v in raw.items() if k not in _PACKAGING_KEYS}
     if isinstance(raw.get("text_config"), dict):  # its pairing flag is read here (_interleaved_rope), not by the config
         described["text_config"] = {k: v for k, v in raw["text_config"].items() if k != "rope_is_neox_style"}
@@ -81,7 +81,7 @@ def open_mlx_artifact(path: Path, raw: dict[str, Any]) -> MlxArtifact:
     interleaved = _interleaved_rope(raw, config, source)
     files = SafetensorsCheckpoint(path)
     config = dataclasses.replace(config, warnings=(*config.warnings, *files.warnings))  # files left out
-    entries, types = _entries(files, config.text, default, overrides, interleaved)
+    entries, types = _entries(files, config.text, default, overrides, interleaved, spec_key)
     rope = "interleaved (permuted to rotate-half on load)" if interleaved else "rotate-half"
     return MlxArtifact(config, MappedTensors(path, entries, files.total_bytes), rope, types)
 
@@ -114,23 +114,28 @@ def refuse_unmarked_artifact(path: Path, raw: dict[str, Any], files: Safetensors
         )
 
 
-def _quantization(raw: dict[str, Any], source: Path) -> tuple[_Quantization | None, dict[str, _Quantization | None]]:
-    spec = raw.get("quantization", raw.get("quantization_config"))
+def _quantization(
+    raw: dict[str, Any], source: Path
+) -> tuple[_Quantization | None, dict[str, _Quantization | None], str]:
+    """(the default scheme, the per-module overrides, the config.json key they were read from: mlx-lm's
+    "quantization", or "quantization_config", which it writes beside it and a tool may keep alone)."""
+    spec_key = "quantization_config" if "quantization" not in raw and "quantization_config" in raw else "quantization"
+    spec = raw.get(spec_key)
     if spec is None:
-        return None, {}
+        return None, {}, spec_key
     if not isinstance(spec, dict):
-        raise CheckpointError(f"{source}: quantization must be an object with group_size and bits")
-    default = _parse_quantization(spec, "quantization", source)
+        raise CheckpointError(f"{source}: {spec_key} must be an object with group_size and bits")
+    default = _parse_quantization(spec, spec_key, source)
     overrides: dict[str, _Quantization | None] = {}
     for key, value in spec.items():
         if isinstance(value, dict):
-            overrides[key] = _parse_quantization(value, f"quantization.{key}", source)
+            overrides[key] = _parse_quantization(value, f"{spec_key}.{key}", source)
         elif value is False:
             overrides[key] = None
         elif "." in key:  # a module's path: mlx-lm writes its override as an object, or false to leave it whole
-            raise CheckpointError(f"{source}: quantization.{key}={value!r} is invalid; a module's override is an "
+            raise CheckpointError(f"{source}: {spec_key}.{key}={value!r} is invalid; a module's override is an "
                                   "object with group_size and bits, or false for a module left unquantized")
-    return default, overrides
+    return default, overrides, spec_key
 
 
 def _parse_quantization(spec: dict[str, Any], name: str, source: Path) -> _Quantization:
@@ -206,6 +211,7 @@ def _entries(
     default: _Quantization | None,
     overrides: dict[str, _Quantization | None],
     interleaved: bool,
+    spec_key: str,
 ) -> tuple[dict[str, MappedTensor], dict[str, int]]:
     """Canonical tensors of the artifact; every tensor missing, stray, misshapen or of a dtype the packing does not
     use is listed in one CheckpointError (weight_mismatch.py), as the safetensors loader's."""
@@ -242,15 +248,15 @@ def _entries(
             return lambda: files.read(weight).float()
         if scheme is None:
             raise CheckpointError(f"{files.directory}: {module} has quantization scales or biases but config.json's "
-                                  "quantization does not quantize it")
+                                  f"{spec_key} does not quantize it")
         out, columns = shape
         stored = _stored_packing(files, module, out, columns)
         if stored is not None and stored != (scheme.bits, scheme.group_size):
-            key = f"quantization.{module}" if module in overrides else "quantization"
+            key = f"{spec_key}.{module}" if module in overrides else spec_key
             raise CheckpointError(
                 f"{files.directory}: {module} holds {stored[0]}-bit codes in groups of {stored[1]}, but config.json's "
                 f"{key} says bits={scheme.bits}, group_size={scheme.group_size}; restore the artifact's config.json "
-                "as packaged (its \"quantization\"), or regenerate the artifact")
+                f"as packaged (its \"{spec_key}\"), or regenerate the artifact")
         if columns % scheme.group_size or (columns * scheme.bits) % 32:
             raise CheckpointError(f"{files.directory}: {module} has {columns} inputs, not a whole number of groups of "
                                   f"{scheme.group_size} {scheme.bits}-bit codes")

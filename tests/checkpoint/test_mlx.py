@@ -313,6 +313,25 @@ def test_a_bit_width_that_is_not_an_integer_is_refused_naming_it(tiny_checkpoint
                               "quantization uses [2, 3, 4, 5, 6, 8]")
 
 
+@pytest.mark.parametrize(("edit", "refusal"), [
+    ({"bits": 7}, "quantization_config.bits=7 is invalid; MLX affine quantization uses [2, 3, 4, 5, 6, 8]"),
+    ({"bits": 8}, "config.json's quantization_config says bits=8, group_size=32; restore the artifact's config.json "
+                  "as packaged (its \"quantization_config\")"),
+], ids=["bits", "other-packing"])
+def test_a_quantization_given_as_quantization_config_is_named_so(tiny_checkpoint, tmp_path, edit, refusal):
+    """QA: an artifact whose config.json holds mlx-lm's quantization as "quantization_config" alone (a tool that kept
+    only the Hugging Face name) was refused naming "quantization", a key the file does not have."""
+    artifact = export_mlx_artifact(tiny_checkpoint, tmp_path / "mlx", canonical_state(tiny_checkpoint), bits=4,
+                                   group_size=32)
+    config = json.loads((artifact / "config.json").read_text())
+    config["quantization_config"] = config.pop("quantization") | edit
+    (artifact / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError) as err:
+        load_model(artifact, progress=False)
+    assert refusal in str(err.value)
+    assert "quantization." not in str(err.value).replace("quantization_config.", "")
+
+
 def test_a_module_quantized_in_another_mode_is_refused_naming_its_mode(tiny_checkpoint, tmp_path):
     """mlx-lm's mixed recipes may give a module its own mode; an mxfp4 module (codes with e8m0 scales and no biases)
     was reported as a quantized module missing its biases, "the artifact is incomplete: copy it again"."""
