@@ -254,7 +254,7 @@ def open_drafter_checkpoint(
             config = read_drafter_config(raw, source=str(location), mask_token_id=mask_token_id)
         except ConfigError as exc:  # it names config.json's fields, which the file does not hold
             raise ConfigError(name_gguf_keys(str(exc))) from None
-        config = replace(config, warnings=(*config.warnings, *unread))
+        config = replace(config, warnings=(*map(name_gguf_keys, config.warnings), *unread))
         return DrafterCheckpoint(config, tensors, DRAFTER_CANONICAL, location)
     if location.is_file():
         if location.suffix != ".pt":

@@ -59,8 +59,8 @@ _READ_KEYS = frozenset({
 
 
 def name_gguf_keys(message: str) -> str:
-    """An error about the drafter config read from a GGUF, each field named by the key the file holds it under
-    (`block_size=0` → `dflash.block_size=0`)."""
+    """An error or warning about the drafter config read from a GGUF, each field named by the key the file holds it
+    under (`block_size=0` → `dflash.block_size=0`; absent `sliding_window` → `dflash.attention.sliding_window`)."""
     return fields_as_gguf_keys(message, _FIELD_KEYS)
 
 

@@ -97,12 +97,13 @@ GGUF_ADVICE = MismatchAdvice(
 
 
 def fields_as_gguf_keys(message: str, keys: dict[str, str], owner: str | None = None) -> str:
-    """`message`, an error about a config read from a GGUF, with each config field `keys` maps named by the metadata
-    key the file holds it under, with or without its `owner.` prefix (`text_config.rms_norm_eps=0.0` →
-    `muse-glimmer.attention.layer_norm_rms_epsilon=0.0`): the file has no field of the config's name."""
+    """`message`, an error or warning about a config read from a GGUF, with each config field `keys` maps named by the
+    metadata key the file holds it under, with or without its `owner.` prefix, where it is given a value or listed
+    (`text_config.rms_norm_eps=0.0` → `muse-glimmer.attention.layer_norm_rms_epsilon=0.0`; `defaults: sliding_window,
+    mask_token_id`): the file has no field of the config's name."""
     prefix = rf"(?:{re.escape(owner)}\.)?" if owner else ""
     fields = "|".join(map(re.escape, keys))
-    return re.sub(rf"\b{prefix}({fields})=", lambda m: f"{keys[m.group(1)]}=", message)
+    return re.sub(rf"\b{prefix}({fields})(?=[=,]|$)", lambda m: keys[m.group(1)], message)
 
 
 def _lexists(path: Path) -> bool:

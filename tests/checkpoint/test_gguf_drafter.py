@@ -185,6 +185,23 @@ def test_drafter_gguf_keys_glimmer_does_not_read_are_named_in_a_warning(referenc
         read_gguf_drafter(other)
 
 
+def test_drafter_gguf_keys_that_took_defaults_are_named_as_the_file_names_them(reference, tmp_path):
+    """QA: a drafter GGUF without dflash.attention.sliding_window or tokenizer.ggml.mask_token_id ran with the defaults,
+    said in a warning naming config.json's fields, `sliding_window, mask_token_id`, which the file does not have."""
+    from test_gguf_hostile import _rewrite
+
+    from glimmer.checkpoint.drafter import open_drafter_checkpoint
+
+    state = {k: v.detach().clone() for k, v in reference.state_dict().items()}
+    full = write_drafter_gguf(tmp_path / "full.gguf", state, CONFIG)
+    path = _rewrite(full, tmp_path / "d.gguf", {}, drop=("dflash.attention.sliding_window",
+                                                         "tokenizer.ggml.mask_token_id"))
+    config = open_drafter_checkpoint(path, mask_token_id=lambda: 500).config
+    assert config.warnings == (f"{path}: absent fields took transformers' defaults: dflash.attention.sliding_window, "
+                               "tokenizer.ggml.mask_token_id",)
+    assert (config.sliding_window, config.mask_token_id) == (2048, 500)
+
+
 def test_a_drafter_gguf_that_does_not_fit_the_target_is_named_with_its_key(make_tiny, tmp_path):
     """QA: "the drafter does not fit the target model: mask_token_id=999 ..." named neither the drafter nor the key
     the GGUF holds the id under."""
