@@ -353,7 +353,8 @@ class LLMTokenizer:
         return [self.tokenizer.id_to_token(i) for i in ids]
 
     def decode(self, ids: int | SequenceABC[int] | SequenceABC[SequenceABC[int]], skip_special_tokens: bool = False,
-               clean_up_tokenization_spaces: bool | None = None) -> str | list[str]:
+               clean_up_tokenization_spaces: bool | None = None,
+               spaces_between_special_tokens: bool = True) -> str | list[str]:
         """Text of `ids` (an id, a list of ids, or a 1-D array or tensor of them), or the texts of a batch of them (a
         list of id lists, of 1-D arrays or of tensors, or a 2-D array or tensor), or of an encoding's `input_ids` (the
         dict this tokenizer's call or `apply_chat_template` returns), as transformers 5's `decode`, which
@@ -362,13 +363,18 @@ class LLMTokenizer:
         `clean_up_tokenization_spaces` has transformers 5's meaning (None: the tokenizer config's default, False for
         Muse), which leaves the text of a BPE tokenizer, as Muse's, as it is: True changes nothing unless
         tokenizer_config.json sets `clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output`.
+        `spaces_between_special_tokens` (which vLLM's detokenizer passes) is True or False and changes nothing, as
+        in transformers' tokenizer.json tokenizers, whose decoder alone spaces the tokens.
         Raises TypeError naming `LLMTokenizer.decode` for anything else."""
+        check_spaces_between_special_tokens(spaces_between_special_tokens, "LLMTokenizer.decode()")
         return self._decode_any(ids, skip_special_tokens, clean_up_tokenization_spaces, "LLMTokenizer.decode()")
 
     def batch_decode(self, sequences: SequenceABC[SequenceABC[int]], skip_special_tokens: bool = False,
-                     clean_up_tokenization_spaces: bool | None = None) -> list[str]:
+                     clean_up_tokenization_spaces: bool | None = None,
+                     spaces_between_special_tokens: bool = True) -> list[str]:
         """The texts of `sequences` (a list of id lists, or a 2-D array or tensor) as `decode` gives them; one
         sequence gives a list of its text (as transformers 5's `batch_decode`)."""
+        check_spaces_between_special_tokens(spaces_between_special_tokens, "LLMTokenizer.batch_decode()")
         texts = self._decode_any(sequences, skip_special_tokens, clean_up_tokenization_spaces,
                                  "LLMTokenizer.batch_decode()")
         return [texts] if isinstance(texts, str) else texts
@@ -567,6 +573,13 @@ def _checked_side(name: str, side: object) -> str:
     if side not in SIDES:
         raise ValueError(f"{name} must be 'right' or 'left', not {side!r}")
     return side  # type: ignore[return-value]
+
+
+def check_spaces_between_special_tokens(value: Any, call: str) -> None:
+    """Raises TypeError naming `call` unless `value` is True or False (the values transformers' slow tokenizers
+    read; its tokenizer.json ones, as Muse's, take and ignore the argument)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{call} takes spaces_between_special_tokens=True or False, not {value!r}")
 
 
 def python_ids(ids: Any) -> Any:

@@ -250,6 +250,24 @@ def test_clean_up_tokenization_spaces_means_what_it_means_in_transformers(tiny_c
     assert cleaned is ("clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output" in config)
 
 
+@pytest.mark.parametrize("spaces", [True, False])
+def test_spaces_between_special_tokens_is_taken_by_decode_as_transformers_takes_it(llm, hf, spaces):
+    """decode and batch_decode raised TypeError on the argument vLLM's detokenizer passes; a tokenizer.json
+    tokenizer (Muse's) spaces tokens by its decoder alone, so transformers' text is the same either way."""
+    tok = llm.get_tokenizer()
+    ids = [*tok.all_special_ids, *tok.encode("Hello <|start|>user<|message|>hi", add_special_tokens=True)]
+    assert tok.decode(ids, spaces_between_special_tokens=spaces) == \
+        hf.decode(ids, spaces_between_special_tokens=spaces) == tok.decode(ids)
+    assert tok.batch_decode([ids, ids[:2]], skip_special_tokens=True, spaces_between_special_tokens=spaces) == \
+        hf.batch_decode([ids, ids[:2]], skip_special_tokens=True, spaces_between_special_tokens=spaces)
+
+
+def test_spaces_between_special_tokens_other_than_a_bool_is_refused_naming_it(llm):
+    for call in (llm.get_tokenizer().decode, llm.get_tokenizer().batch_decode):
+        with pytest.raises(TypeError, match=r"spaces_between_special_tokens=.*True or False.*'no'"):
+            call([[1, 2]], spaces_between_special_tokens="no")
+
+
 TRANSFORMERS_ATTRIBUTES = ("model_max_length", "special_tokens_map", "padding_side", "truncation_side",
                            "added_tokens_decoder", "added_tokens_encoder", "name_or_path", "chat_template", "is_fast",
                            "model_input_names", "vocab", "eos_token", "eos_token_id", "bos_token", "bos_token_id",
