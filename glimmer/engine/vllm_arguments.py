@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
@@ -398,15 +399,17 @@ VLLM_ONLY_LLM_ARGUMENTS: dict[str, VllmArgument] = {
         "quantization_config); leave it out, or pass 'compressed-tensors' with a compressed-tensors NVFP4 "
         "checkpoint or 'gguf' with a GGUF model")),
     "kv_cache_dtype": VllmArgument(_only("auto"), "the KV cache holds the model's dtype; leave it out"),
-    "swap_space": VllmArgument(lambda value, given: isinstance(value, int | float) and not isinstance(value, bool), (
-        "a number of GiB (Glimmer recomputes preempted requests instead of swapping them, so any number changes "
-        "nothing); leave it out")),
+    "swap_space": VllmArgument(lambda value, given: isinstance(value, int | float) and not isinstance(value, bool)
+                               and 0 <= value < math.inf, (
+        "a number of GiB, 0 or more (Glimmer recomputes preempted requests instead of swapping them, so any such "
+        "number changes nothing); leave it out")),
     "num_gpu_blocks_override": VllmArgument(_only(None), (
         "Glimmer sizes the KV cache in bytes, not blocks: give kv_cache_memory (--kv-cache-memory SIZE), N blocks "
         "being N x block_size tokens of keys and values; leave it out")),
     "cpu_offload_gb": VllmArgument(_only(0, 0.0), "weights are not offloaded to the CPU; leave it out"),
-    "max_seq_len_to_capture": VllmArgument(lambda value, given: value is None or type(value) is int, (
-        "CUDA graphs cover every context length (max_model_len); leave it out")),
+    "max_seq_len_to_capture": VllmArgument(lambda value, given: value is None or (type(value) is int and value >= 1), (
+        "a context length (a positive integer), which changes nothing: CUDA graphs cover every context length "
+        "(max_model_len); leave it out")),
     "enable_chunked_prefill": VllmArgument(_only(None, True), (
         "prefills are always chunked (max_num_batched_tokens tokens a step); leave it out")),
     "disable_log_stats": VllmArgument(_only(True, False), "leave it out (the server exports its metrics at /metrics)"),

@@ -237,7 +237,9 @@ def test_a_misspelled_keyword_of_llm_itself_names_it(typo, meant):
     ("task", "embed", "generative models only"), ("compilation_config", {"level": 0}, "enforce_eager=True"),
     ("distributed_executor_backend", "ray", "one device"), ("hf_token", "hf_abc", "HF_TOKEN"),
     ("ignore_patterns", ["*.safetensors"], "top folder"), ("ignore_patterns", "consolidated*", "top folder"),
-    ("tokenizer_pool_size", -1, "0 or more"),
+    ("tokenizer_pool_size", -1, "0 or more"), ("swap_space", -4, "0 or more"),
+    ("swap_space", float("nan"), "0 or more"),
+    ("max_seq_len_to_capture", -1, "a positive integer"), ("max_seq_len_to_capture", 0, "a positive integer"),
 ])
 def test_a_vllm_engine_argument_glimmer_lacks_is_refused_naming_what_to_do(name, value, advice):
     # vLLM's first line, LLM(model, tensor_parallel_size=..., trust_remote_code=True), was a bare TypeError

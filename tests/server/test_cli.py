@@ -136,6 +136,8 @@ def test_serve_takes_vllms_block_size_and_kv_cache_memory_bytes(tiny_checkpoint)
     (["--kv-transfer-config", '{"kv_connector": "X"}'], ("--kv-transfer-config", "disaggregated prefill")),
     (["--ignore-patterns", "original/**/*", "*.pt"], ("--ignore-patterns original/**/* *.pt", "top folder")),
     (["--tokenizer-pool-size", "-1"], ("--tokenizer-pool-size -1", "0 or more")),
+    (["--swap-space", "-4"], ("--swap-space -4.0", "0 or more")),
+    (["--max-seq-len-to-capture", "-1"], ("--max-seq-len-to-capture -1", "a positive integer")),
 ])
 def test_a_vllm_option_that_would_change_something_is_refused_before_loading(capsys, flags, words):
     # a free port: the Quick start's `glimmer serve` may hold 8000, the default, which is checked first
