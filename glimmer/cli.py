@@ -1776,7 +1776,7 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-batched-tokens", type=token_count, default=None,
                         help="token budget of one step, each decoding sequence taking one (at least "
                              "--max-num-seqs where both are given); longer prompts are prefilled in chunks (default "
-                             "8192 on CUDA, 2048 on the CPU)")
+                             "8192 on CUDA, 2048 on the CPU, or --max-num-seqs where that is more)")
     parser.add_argument("--kv-cache-memory", "--kv-cache-memory-bytes", type=kv_cache_size, default=None,
                         metavar="SIZE", action=_StoreNamingTheFlag,
                         help="KV cache size, e.g. 8GiB, 512MiB or a number of bytes (vLLM's --kv-cache-memory-bytes "

@@ -115,6 +115,8 @@ _REPLAN_MARGIN_BYTES = 256 << 20  # taken off a KV cache sized again beyond the 
 # first launch, outside PyTorch's allocator): the 30B's start-up on an H200 kept 0.02-0.07 GiB beyond its plan for it
 _KERNEL_LOADING_BYTES = 128 << 20
 CUDA_MAX_NUM_SEQS, CPU_MAX_NUM_SEQS = 256, 64  # max_num_seqs when the config leaves it unset
+# max_num_batched_tokens when the config leaves it unset, raised to max_num_seqs where that is more
+CUDA_MAX_NUM_BATCHED_TOKENS, CPU_MAX_NUM_BATCHED_TOKENS = 8192, 2048
 
 
 def _dtype_name(dtype: object) -> object:
@@ -337,6 +339,18 @@ _BESIDE_A_GRAMMAR = (
 """Sampling fields `add_request` refuses beside a grammar over the output, and why."""
 
 
+def _default_token_budget(max_num_seqs: int, on_cuda: bool) -> int:
+    """max_num_batched_tokens left unset: the device's default, or max_num_seqs where that is more (logged), as vLLM
+    defaults it: each decoding sequence takes a token of a step's budget, so a smaller one would run fewer
+    sequences at once than max_num_seqs."""
+    default = CUDA_MAX_NUM_BATCHED_TOKENS if on_cuda else CPU_MAX_NUM_BATCHED_TOKENS
+    if max_num_seqs <= default:
+        return default
+    logger.info("max_num_batched_tokens=%d (max_num_seqs; the %s default is %d), so that max_num_seqs sequences "
+                "can decode in one step", max_num_seqs, "CUDA" if on_cuda else "CPU's", default)
+    return max_num_seqs
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig):
         check_not_forked("loading an engine")  # in a fork of a process that had loaded one it would hang
@@ -380,9 +394,10 @@ class LLMEngine:
         # sampled, and no request may name them
         self.token_count = min(self.tokenizer.vocab_size, text.vocab_size)
         on_cuda = self.device.type == "cuda"
+        max_num_seqs = config.max_num_seqs or (CUDA_MAX_NUM_SEQS if on_cuda else CPU_MAX_NUM_SEQS)
         self.scheduler_config = SchedulerConfig(
-            max_num_seqs=config.max_num_seqs or (CUDA_MAX_NUM_SEQS if on_cuda else CPU_MAX_NUM_SEQS),
-            max_num_batched_tokens=config.max_num_batched_tokens or (8192 if on_cuda else 2048),
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens or _default_token_budget(max_num_seqs, on_cuda),
             max_model_len=self.max_model_len,
         )
         if spec_config is not None:

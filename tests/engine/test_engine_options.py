@@ -183,6 +183,22 @@ def test_gpu_memory_utilization_on_the_cpu_says_it_does_nothing_there(tiny_check
     assert "gpu_memory_utilization=0.1 sizes the KV cache on a GPU only" in caplog.text
 
 
+def test_a_defaulted_token_budget_is_raised_to_max_num_seqs_and_logged(tiny_checkpoint, caplog):
+    """max_num_seqs=3000 on the CPU ran at most 2048 sequences a step (the default budget, each decoding sequence
+    taking a token of it), silently; vLLM picks a default budget that fits max_num_seqs, and so does Glimmer."""
+    caplog.set_level("INFO", logger="glimmer.engine.llm_engine")
+    llm = LLM(str(tiny_checkpoint), progress=False, max_num_seqs=3000, kv_cache_memory="8MiB", max_model_len=64)
+    assert llm.engine.scheduler_config.max_num_batched_tokens == 3000
+    assert "max_num_batched_tokens=3000 (max_num_seqs; the CPU's default is 2048)" in caplog.text
+    caplog.clear()
+    default = LLM(str(tiny_checkpoint), progress=False, max_num_seqs=8, kv_cache_memory="8MiB", max_model_len=64)
+    assert default.engine.scheduler_config.max_num_batched_tokens == 2048 and "max_num_batched_tokens" not in \
+        caplog.text
+    given = LLM(str(tiny_checkpoint), progress=False, max_num_seqs=3000, max_num_batched_tokens=4096,
+                kv_cache_memory="8MiB", max_model_len=64)
+    assert given.engine.scheduler_config.max_num_batched_tokens == 4096
+
+
 @pytest.mark.parametrize(("variable", "value"), [("GLIMMER_KERNELS", "triton"), ("GLIMMER_KERNELS", "off"),
                                                  ("GLIMMER_PDL", "false-ish"), ("GLIMMER_PDL", "2"),
                                                  ("GLIMMER_GEMM", "cublaslt"), ("GLIMMER_GEMM", "0")])
