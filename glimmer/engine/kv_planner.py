@@ -106,11 +106,7 @@ def plan_kv_layout(text: TextConfig, dtype: torch.dtype, demand: KVDemand, budge
     bs = demand.block_size
     per_block = block_bytes(text, dtype, demand)
     has_draft = demand.draft is not None
-    # blocks one sequence at max_model_len needs in each group
-    windows = {g: text.sliding_window if g == SLIDING else None for g in geometry.pages_per_block}
-    if has_draft:
-        windows[DRAFT] = demand.draft_window
-    needs = blocks_needed(demand.max_model_len, bs, windows)
+    needs = _blocks_one_sequence_needs(text, demand)
     target_floor = sum(needs[g] * per_block[g] for g in geometry.pages_per_block)
     draft_blocks = None
     if has_draft:
@@ -129,11 +125,36 @@ def plan_kv_layout(text: TextConfig, dtype: torch.dtype, demand: KVDemand, budge
     layout = KVCacheLayout(block_size=bs, num_pages=num_pages, pages_per_block=geometry.pages_per_block,
                            sliding_window=text.sliding_window, draft_blocks=draft_blocks,
                            draft_window=demand.draft_window)
-    pages_needed = sum(needs[g] * geometry.pages_per_block[g] for g in geometry.pages_per_block)
+    pages_needed = _pages_one_sequence_needs(text, needs)
     short = {} if num_pages >= pages_needed else {"pages": (num_pages, pages_needed)}
     if draft_blocks is not None and draft_blocks < needs[DRAFT]:
         short[DRAFT] = (draft_blocks, needs[DRAFT])
     return layout, short
+
+
+def _blocks_one_sequence_needs(text: TextConfig, demand: KVDemand) -> dict[str, int]:
+    """Blocks one sequence at max_model_len holds in each group, the drafter's included (a windowed group's window
+    and the block it grows into)."""
+    windows = {g: text.sliding_window if g == SLIDING else None for g in page_geometry(text).pages_per_block}
+    if demand.draft is not None:
+        windows[DRAFT] = demand.draft_window
+    return blocks_needed(demand.max_model_len, demand.block_size, windows)
+
+
+def _pages_one_sequence_needs(text: TextConfig, needs: dict[str, int]) -> int:
+    """The shared pages the model's groups take for a sequence holding `needs` blocks in each."""
+    pages_per_block = page_geometry(text).pages_per_block
+    return sum(needs[g] * pages_per_block[g] for g in pages_per_block)
+
+
+def max_concurrency(text: TextConfig, demand: KVDemand, layout: KVCacheLayout) -> float:
+    """How many sequences of max_model_len tokens `layout` holds at once (vLLM's "maximum concurrency"): its pages
+    over the pages one takes, or the drafter's blocks over the blocks one takes there, whichever is fewer."""
+    needs = _blocks_one_sequence_needs(text, demand)
+    held = layout.num_pages / _pages_one_sequence_needs(text, needs)
+    if layout.draft_blocks is not None:
+        held = min(held, layout.draft_blocks / needs[DRAFT])
+    return held
 
 
 def longest_context_held(text: TextConfig, dtype: torch.dtype, demand: KVDemand, budget: int) -> int | None:

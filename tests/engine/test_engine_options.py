@@ -183,6 +183,20 @@ def test_gpu_memory_utilization_on_the_cpu_says_it_does_nothing_there(tiny_check
     assert "gpu_memory_utilization=0.1 sizes the KV cache on a GPU only" in caplog.text
 
 
+def test_start_up_logs_the_maximum_concurrency_beside_the_kv_cache(tiny_checkpoint, caplog):
+    """vLLM logs "Maximum concurrency for N tokens per request: X.XXx" once the KV cache is sized; Glimmer logged
+    the cache's pages alone. Twice the cache holds twice the sequences of max_model_len."""
+    caplog.set_level("INFO", logger="glimmer.engine.llm_engine")
+    held = {}
+    for size in (1, 2):
+        caplog.clear()
+        LLM(str(tiny_checkpoint), progress=False, kv_cache_memory=f"{size}MiB", max_model_len=64)
+        found = re.findall(r"Maximum concurrency for 64 tokens per request: (\d+\.\d\d)x", caplog.text)
+        assert len(found) == 1, caplog.text
+        held[size] = float(found[0])
+    assert held[1] >= 1 and abs(held[2] - 2 * held[1]) < 0.02
+
+
 def test_a_defaulted_token_budget_is_raised_to_max_num_seqs_and_logged(tiny_checkpoint, caplog):
     """max_num_seqs=3000 on the CPU ran at most 2048 sequences a step (the default budget, each decoding sequence
     taking a token of it), silently; vLLM picks a default budget that fits max_num_seqs, and so does Glimmer."""
