@@ -349,7 +349,7 @@ class LLM:
         # one call steps the engine at a time: another thread's call stepping it too took this call's outputs
         # (KeyError) or built a step of both calls' requests from two threads (a StepError)
         self._run_lock = threading.Lock()
-        self._running_thread: int | None = None  # the thread whose call holds `_run_lock`
+        self._running: tuple[int, str] | None = None  # the thread whose call holds `_run_lock`, and the call's name
 
     def __getattr__(self, name: str) -> Any:
         """Raises AttributeError for any attribute LLM has not; for one of vLLM's (`embed`, `llm_engine`, ...) it
@@ -508,7 +508,7 @@ class LLM:
                                                              for params in params_list])
         params_list = [_salted(params, prompt, name) for params, prompt, name in
                        zip(params_list, listed, names, strict=True)]
-        return self._run(normalized, params_list, use_tqdm, names)
+        return self._run("generate", normalized, params_list, use_tqdm, names)
 
     @method_takes_vllm_arguments(VLLM_ONLY_BEAM_SEARCH_ARGUMENTS)
     def beam_search(
@@ -550,7 +550,8 @@ class LLM:
                             if not search.done]
                 beams = [(None, beam, normalized[number][2]) for _, number, live in stepping for beam in live]
                 # each beam's errors name its search's prompt, not the beam's place among the live ones
-                outputs = iter(self._run(beams, [salted[number] for _, number, live in stepping for _ in live],
+                outputs = iter(self._run("beam_search", beams,
+                                         [salted[number] for _, number, live in stepping for _ in live],
                                          False, [names[number] for _, number, live in stepping for _ in live],
                                          generated=[search.steps for search, _, live in stepping for _ in live]))
                 for search, _, live in stepping:
@@ -560,27 +561,28 @@ class LLM:
             bar.close()
         return [search.results(self.engine.tokenizer, self.engine.tokenizer.eos_token_id) for search in searches]
 
-    def _run(self, prompts: list[_Prepared], params_list: list[SamplingParams],
+    def _run(self, call: str, prompts: list[_Prepared], params_list: list[SamplingParams],
              use_tqdm: bool | Callable[..., Any] | None, names: list[str],
              controller_factories: list[ControllerFactory | None] | None = None, generated: list[int] | None = None,
              hidden: list[frozenset[int]] | None = None) -> list[RequestOutput]:
         """Generate every prompt. As vLLM's offline LLM, a max_tokens past max_model_len ends the output there
         (finish_reason "length"); only a prompt with no room for one token is refused. Errors about a prompt
-        name it as the caller does, `names[i]` ("prompt", "prompts[1]", "messages", ...). `generated` and
+        name it as the caller does, `names[i]` ("prompt", "prompts[1]", "messages", ...); `call` is the method
+        the caller called ("generate", "chat", "beam_search"), which a refusal names. `generated` and
         `hidden`, per prompt: LLMEngine.add_request's `generated` and `hidden_token_ids`. Calls from
         several threads run one after another; a call made inside another on the same thread (from a `use_tqdm`
         callable) is refused, as it would wait for itself. Ctrl-C lands between queuing requests and between steps
         (`InterruptsBetweenSteps`), where no KV block is half taken or half freed."""
-        if self._running_thread == threading.get_ident():
-            raise RuntimeError("LLM.generate / LLM.chat was called while another call on this LLM runs in the same "
+        if self._running is not None and self._running[0] == threading.get_ident():
+            raise RuntimeError(f"LLM.{call} was called while LLM.{self._running[1]} runs on this LLM in the same "
                                "thread (from its use_tqdm callable?): make the call after that one returns")
         with self._run_lock, InterruptsBetweenSteps() as interrupts:
-            self._running_thread = threading.get_ident()
+            self._running = (threading.get_ident(), call)
             try:
                 return self._run_alone(prompts, params_list, use_tqdm, names, interrupts, controller_factories,
                                        generated, hidden)
             finally:
-                self._running_thread = None
+                self._running = None
 
     def _run_alone(self, prompts: list[_Prepared], params_list: list[SamplingParams],
                    use_tqdm: bool | Callable[..., Any] | None, names: list[str], interrupts: InterruptsBetweenSteps,
@@ -800,7 +802,7 @@ class LLM:
         hidden = [frozenset() if turn.skip_special_tokens is False else self.engine.tokenizer.hidden_in_replies
                   for turn in chat_turns]
         names = ["messages"] if len(prepared) == 1 else [f"messages[{i}]" for i in range(len(prepared))]
-        outputs = self._run(prepared, [turn.params for turn in chat_turns], use_tqdm, names,
+        outputs = self._run("chat", prepared, [turn.params for turn in chat_turns], use_tqdm, names,
                             [turn.controller_factory for turn in chat_turns], hidden=hidden)
         chats = []
         for number, (output, turn, final) in enumerate(zip(outputs, chat_turns, continued, strict=True)):

@@ -22,7 +22,7 @@ import torch
 from PIL import Image
 from transformers import AutoTokenizer
 
-from glimmer import LLM, LLMTokenizer, SamplingParams
+from glimmer import LLM, BeamSearchParams, LLMTokenizer, SamplingParams
 from glimmer.default_model import default_model_dir
 from glimmer.engine.outputs import Logprob
 from glimmer.errors import (
@@ -1377,6 +1377,26 @@ def test_calls_from_several_threads_each_get_their_own_outputs(llm):
     assert [[out.outputs[0].token_ids for out in outs] for outs in together] == alone
 
 
+@pytest.mark.parametrize("outer", ["generate", "chat"])
+@pytest.mark.parametrize("inner", ["generate", "chat", "beam_search"])
+def test_the_refusal_of_a_nested_call_names_the_calls_made(llm, outer, inner):
+    """The refusal said "LLM.generate / LLM.chat was called" whichever call was made, of a beam_search too; it
+    names the inner call and the one running."""
+    params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+    calls = {"generate": lambda **kw: llm.generate([[1, 10, 11]], params, **kw),
+             "chat": lambda **kw: llm.chat(MESSAGES, params, chat_template_kwargs=KWARGS, **kw),
+             "beam_search": lambda **kw: llm.beam_search([[1, 10, 11]], BeamSearchParams(beam_width=2, max_tokens=2),
+                                                         **kw)}
+
+    def bar(total, desc):
+        calls[inner]()
+
+    with pytest.raises(RuntimeError, match=rf"^LLM\.{inner} was called while LLM\.{outer} runs on this LLM in the "
+                                           "same thread"):
+        calls[outer](use_tqdm=bar)
+    assert len(llm.generate([[1, 12, 13]], params)[0].outputs[0].token_ids) == 2
+
+
 def test_a_call_made_from_inside_a_running_call_is_refused_not_waited_for(llm):
     """A `use_tqdm` callable that calls `llm.generate` itself: the inner call would wait for the outer one's lock for
     ever; it is refused saying so, and the LLM serves the next call."""
@@ -1385,6 +1405,6 @@ def test_a_call_made_from_inside_a_running_call_is_refused_not_waited_for(llm):
     def bar(total, desc):
         llm.generate([[1, 10, 11]], params)
 
-    with pytest.raises(RuntimeError, match="another call on this LLM runs in the same thread"):
+    with pytest.raises(RuntimeError, match="while LLM.generate runs on this LLM in the same thread"):
         llm.generate([[1, 12, 13]], params, use_tqdm=bar)
     assert len(llm.generate([[1, 12, 13]], params)[0].outputs[0].token_ids) == 3
