@@ -672,20 +672,25 @@ def _run_batch(args: argparse.Namespace, sigterm: SigtermWatch) -> int:
     try:
         with _batch_output(args.output_file, args.input_file) as output:
             summary, engine = _run_batch_file(args, lines, sigterm, output)
-    except Terminated:
+    except (Terminated, KeyboardInterrupt) as stop:
+        by = "SIGTERM" if isinstance(stop, Terminated) else "Ctrl-C"
         if output is None or not output.started:  # the output is as it was: "stopped before the batch began"
             raise
-        print(f"run-batch: stopped by SIGTERM; the records finished before it are in {shown}", file=sys.stderr)
-        return 128 + signal.SIGTERM
+        print(f"run-batch: stopped by {by}; wrote {_records(output.records)} to {shown}, those finished before it "
+              "(the requests in flight were aborted)", file=sys.stderr)
+        return 128 + signal.SIGTERM if by == "SIGTERM" else 130
     failed = f", {summary.failed} failed (see their `error`)" * bool(summary.failed)
-    records = f"{summary.written} record{'s' * (summary.written != 1)}"
-    print(f"run-batch: wrote {records} to {shown}: {summary.succeeded} answered with status 200{failed}",
-          file=sys.stderr)
+    print(f"run-batch: wrote {_records(summary.written)} to {shown}: {summary.succeeded} answered with status "
+          f"200{failed}", file=sys.stderr)
     if engine.failure is not None:
         print(f"glimmer: error: the engine stopped after an internal error ({type(engine.failure).__name__}: "
               f"{engine.failure}); the requests after it failed with status 500", file=sys.stderr)
         return 1
     return 0
+
+
+def _records(count: int) -> str:
+    return f"{count} record{'s' * (count != 1)}"
 
 
 def _run_batch_file(args: argparse.Namespace, lines: list[Any], sigterm: SigtermWatch,
@@ -785,12 +790,14 @@ def _read_batch_input(source: str) -> bytes:
 class _BatchOutput:
     """run-batch's --output-file (`-`: stdout), opened before the model loads without emptying it: `start()` empties
     it once the batch begins, so that a model that fails to load (a typo in MODEL, a bad config) leaves the results of
-    an earlier run there as they were. `write(text)` raises UsageError when writing fails (a full disk)."""
+    an earlier run there as they were. `write(text)` writes one record's line, counted in `records`, and raises
+    UsageError when writing fails (a full disk)."""
 
     def __init__(self, target: str, output: TextIO):
         self.target = target
         self.output = output
         self.started = False
+        self.records = 0
 
     def start(self) -> None:
         # a device or a pipe (/dev/null, a FIFO) has nothing to empty, and refuses truncate()
@@ -801,6 +808,7 @@ class _BatchOutput:
 
     def write(self, text: str) -> None:
         self._written(lambda: self.output.write(text))
+        self.records += 1
 
     def flush(self) -> None:
         self._written(self.output.flush)

@@ -611,6 +611,33 @@ def test_sigterm_stops_a_batch_as_ctrl_c_does_keeping_the_records_written(tiny_c
     assert "stopped by SIGTERM" in err.read_text() and "Traceback" not in err.read_text()
 
 
+def test_ctrl_c_stops_a_batch_saying_what_was_written_and_exits_130(tiny_checkpoint, tmp_path):
+    """Ctrl-C (SIGINT) in a running batch ended it with nothing said (or a traceback): the requests in flight are
+    aborted, the records finished before it are in the output, whole, and one line says how many and where."""
+    quick = [_line(f"quick-{index}", "/v1/completions", {"prompt": "Once", "max_tokens": 1}) for index in range(3)]
+    long = [_line(f"long-{index}", "/v1/completions", {"prompt": "Once", "max_tokens": 1900, "ignore_eos": True})
+            for index in range(16)]
+    source, out, err = tmp_path / "requests.jsonl", tmp_path / "results.jsonl", tmp_path / "stderr.txt"
+    source.write_text("\n".join(quick + long) + "\n")
+    with err.open("w") as stderr:
+        process = subprocess.Popen([sys.executable, "-m", "glimmer.cli", "run-batch", str(tiny_checkpoint), "-i",
+                                    str(source), "-o", str(out), "--max-model-len", "2048"], stderr=stderr)
+        try:
+            deadline = time.monotonic() + 120
+            while "run-batch:" not in err.read_text():  # the progress bar: the engine is loaded, the batch runs
+                assert process.poll() is None and time.monotonic() < deadline, err.read_text()
+                time.sleep(0.1)
+            process.send_signal(signal.SIGINT)
+            assert process.wait(timeout=60) == 130, err.read_text()
+        finally:
+            process.kill()
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [record["custom_id"] for record in records] == [f"quick-{index}" for index in range(3)][:len(records)]
+    written = f"{len(records)} record{'s' * (len(records) != 1)}"
+    assert f"run-batch: stopped by Ctrl-C; wrote {written} to {out}, those finished before it" in err.read_text()
+    assert "Traceback" not in err.read_text()
+
+
 def test_no_model_with_dummy_weights_does_not_claim_the_trained_demo(capsys, tmp_path):
     """`--load-format dummy` without MODEL draws random weights in glimmer-nano's geometry, but the note said "this is
     the embedded demo model glimmer-nano ...: it calls tools like those it was trained on"; it says the weights are
