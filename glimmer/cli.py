@@ -103,7 +103,8 @@ def _spelt_with_dashes(token: str, options: Container[str]) -> str:
 
 def _takes_dotted_keys(action: argparse.Action) -> bool:
     """Whether `action` is a JSON object's option, whose keys vLLM takes dotted (`--hf-overrides.a 1`)."""
-    return action.type in (_json_object, _limit_mm_per_prompt) or action.dest == "speculative_config"
+    return action.type in (_json_object, _compilation_config, _limit_mm_per_prompt) or \
+        action.dest == "speculative_config"
 
 
 def _dotted_keys_option(name: str) -> str:
@@ -1569,6 +1570,22 @@ def _json_object(text: str) -> dict[str, Any]:
     return value
 
 
+def _compilation_config(text: str) -> dict[str, Any]:
+    """--compilation-config's value: a JSON object, or vLLM's shorthand for a level alone (`--compilation-config 3`)
+    as the object that says it ({"level": 3}), which its dotted keys and LLM(compilation_config=...)'s rule read."""
+    try:
+        level = json.loads(text)
+    except ValueError:
+        level = None
+    if type(level) is int:
+        return {"level": level}
+    try:
+        return _json_object(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a JSON object such as '{{\"level\": 3}}', nor a level "
+                                         "(a whole number, as in --compilation-config 3)") from None
+
+
 # `vllm serve` options for the engine arguments Glimmer's has no field for (VLLM_ONLY_LLM_ARGUMENTS: `LLM(...)` takes
 # the same ones by the same rule), with how argparse reads each
 _VLLM_SERVE_OPTIONS: dict[str, dict[str, Any]] = {
@@ -1606,7 +1623,7 @@ _VLLM_SERVE_OPTIONS: dict[str, dict[str, Any]] = {
     "--enable-sleep-mode": {"action": argparse.BooleanOptionalAction},
     "--skip-tokenizer-init": {"action": argparse.BooleanOptionalAction},
     "--enable-expert-parallel": {"action": argparse.BooleanOptionalAction},
-    "--compilation-config": {"type": _json_object, "metavar": "JSON"},
+    "--compilation-config": {"type": _compilation_config, "metavar": "JSON|LEVEL"},
     "--mm-processor-kwargs": {"type": _json_object, "metavar": "JSON"},
     "--override-generation-config": {"type": _json_object, "metavar": "JSON"},
     "--scheduling-policy": {"metavar": "POLICY"},

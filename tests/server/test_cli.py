@@ -122,6 +122,8 @@ def test_serve_takes_vllms_block_size_and_kv_cache_memory_bytes(tiny_checkpoint)
     (["--compilation-config", '{"level": 0}'], ("--compilation-config", "--enforce-eager")),
     (["--compilation-config.level", "0"], ('--compilation-config {"level": 0}', "--enforce-eager")),
     (["-O.level=0"], ('--compilation-config {"level": 0}', "--enforce-eager")),
+    (["--compilation-config", "0"], ('--compilation-config {"level": 0}', "--enforce-eager")),
+    (["--compilation-config", "4"], ('--compilation-config {"level": 4}', "level (or mode) 1, 2 or 3 alone")),
     (["--compilation-config.backend", "eager"], ("--compilation-config", "level (or mode) 1, 2 or 3 alone")),
     (["--override-generation-config", '{"temperature": 0.5}'], ("--override-generation-config", "sampling fields")),
     (["--enable-lora"], ("--enable-lora", "LoRA adapters are not supported")),
@@ -393,13 +395,22 @@ def test_a_dotted_key_joins_the_value_of_its_option_abbreviated():
     assert args.hf_overrides == {"a": 1, "b": 2} and args.limit_mm_per_prompt == {"image": 4, "video": 1}
 
 
-def test_vllms_compilation_level_1_to_3_is_noted_as_changing_nothing():
+@pytest.mark.parametrize("flags", [["--compilation-config.level", "3"], ["--compilation-config", "3"],
+                                   ["--compilation-config=3"], ["--compilation-config", " 3 "]])
+def test_vllms_compilation_level_1_to_3_is_noted_as_changing_nothing(flags):
+    """`--compilation-config 3`, vLLM's shorthand for a level alone (as LLM(compilation_config=3) is), was refused
+    as no JSON object."""
     from glimmer.cli import _VLLM_SERVE_OPTIONS, _check_vllm_options
     from glimmer.engine.vllm_arguments import VLLM_ONLY_LLM_ARGUMENTS
 
-    args = build_parser().parse_args(["serve", "--compilation-config.level", "3"])
+    args = build_parser().parse_args(["serve", *flags])
     (note,) = _check_vllm_options(args, _VLLM_SERVE_OPTIONS, VLLM_ONLY_LLM_ARGUMENTS)
     assert note.startswith('vLLM\'s --compilation-config {"level": 3} changes nothing here')
+
+
+def test_a_compilation_level_alone_takes_dotted_keys_as_its_object_does():
+    args = build_parser().parse_args(["serve", "--compilation-config", "2", "--compilation-config.mode", "3"])
+    assert args.compilation_config == {"level": 2, "mode": 3}
 
 
 @pytest.mark.parametrize(("argv", "words"), [
@@ -1242,7 +1253,8 @@ def _fails_with_one_line(capsys, argv, *words):
     (["serve", "--limit-mm-per-prompt", "{not json"], ("--limit-mm-per-prompt", "not a JSON object")),
     (["serve", "--hf-overrides", "[1]"], ("--hf-overrides", "is not a JSON object")),
     (["serve", "--generation-config", "/models/gen"], ("--generation-config: '/models/gen'", "auto or vllm")),
-    (["serve", "--compilation-config", "{not json"], ("--compilation-config", "is not a JSON object")),
+    (["serve", "--compilation-config", "{not json"], ("--compilation-config", "is not a JSON object", "nor a level")),
+    (["serve", "--compilation-config", "3.0"], ("--compilation-config", "is not a JSON object", "nor a level")),
     (["serve", "--dtype", "fp8"], ("--dtype", "auto, half, float")),
     (["serve", "--max-model-len", "auto"], ("--max-model-len: 'auto'", "not supported",
                                             "leave the option out for the model's own context")),
