@@ -3,6 +3,8 @@ prompt, token for token what that shorter prompt gives, in its output, its usage
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -155,6 +157,23 @@ def test_a_cut_inside_an_images_expansion_is_refused_naming_the_field(vision_llm
     assert caught.value.param == "truncate_prompt_tokens"
     assert f"keep at most {len(ids) - last - 1} tokens (after it) or at least {len(ids) - first}" in str(caught.value)
     assert not vision_llm.engine.has_unfinished_requests
+
+
+def test_the_refusals_advice_followed_to_its_exact_numbers_is_taken(vision_llm):
+    """The refusal's "keep at most N" leaves the image out whole, its <|image_end|> included, and its "at least M"
+    keeps it from its <|image_start|>: each, at its exact value, is served (N + 1 kept a lone end marker)."""
+    prompt = {"prompt": "<|begin_of_text|>Describe <|patch|> briefly.", "multi_modal_data": {"image": _image()}}
+    ids = vision_llm.generate(prompt, _greedy())[0].prompt_token_ids
+    first, last = _expansion_bounds(vision_llm, ids, "<|image_start|>", "<|image_end|>")
+    with pytest.raises(RequestError) as caught:
+        vision_llm.generate(prompt, _greedy(truncate_prompt_tokens=len(ids) - first - 1))
+    at_most, at_least = map(int, re.search(r"keep at most (\d+) tokens \(after it\) or at least (\d+)",
+                                           str(caught.value)).groups())
+    assert (at_most, at_least) == (len(ids) - last - 1, len(ids) - first)
+    after = vision_llm.generate(prompt, _greedy(truncate_prompt_tokens=at_most))[0]
+    assert after.prompt_token_ids == ids[last + 1:]
+    whole = vision_llm.generate(prompt, _greedy(truncate_prompt_tokens=at_least))[0]
+    assert whole.prompt_token_ids == ids[first:]
 
 
 def test_a_cut_between_a_videos_start_and_its_first_frames_is_refused(vision_llm):
