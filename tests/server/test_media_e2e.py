@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import io
+import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -296,11 +297,12 @@ def test_a_prompt_past_the_context_counts_each_image_and_video_with_its_markers_
         response = httpx.post(live.base_url + "/chat/completions", timeout=60, json={
             "model": "tiny", "max_tokens": 2, "messages": messages, **EXTRA})
         marker = live.engine.engine.tokenizer.token_to_id
-    spans = {kind: tokens.index(marker(start)) - tokens.index(marker(end)) - 1 for kind, start, end in
+    spans = {kind: tokens.index(marker(end)) - tokens.index(marker(start)) + 1 for kind, start, end in
              [("images", "<|image_start|>", "<|image_end|>"), ("videos", "<|vid_start|>", "<|vid_end|>")]}
     message = response.json()["error"]["message"]
     assert response.status_code == 400 and f"but the prompt has {len(tokens)} tokens (" in message
-    assert f"images {-spans['images']}" in message and f"videos {-spans['videos']}" in message
+    assert re.search(rf"\bimages {spans['images']}\b", message)
+    assert re.search(rf"\bvideos {spans['videos']}\b", message)
 
 
 @contextlib.contextmanager
