@@ -696,8 +696,10 @@ class LLMEngine:
         if vision is None:
             return None
         settings = checkpoint_media_settings(self.checkpoint_dir, vision, self.checkpoint.preprocessor_config)
-        # media tokens beyond the context can never be served: stop decoding a request's items there
-        return MediaProcessor(settings, self.config.media_limits, max_model_len=self.max_model_len)
+        # media tokens beyond the context can never be served: stop decoding a request's items there, each counted
+        # whole, as prepare_token_prompt writes its expansion
+        return MediaProcessor(settings, self.config.media_limits, max_model_len=self.max_model_len,
+                              count_tokens=lambda text: len(self.tokenizer.encode(text, add_special_tokens=False)))
 
     @property
     def chat_template(self) -> ChatTemplate:

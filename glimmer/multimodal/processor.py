@@ -62,14 +62,21 @@ class MultimodalPrompt:
 
 
 class MediaProcessor:
-    """`max_model_len`, where given, bounds a request's media tokens as `limits.max_media_tokens` does (the lower
-    decides), refused as a context-length error: tokens past the context can never be served."""
+    """`max_model_len`, where given, bounds a request's media as `limits.max_media_tokens` bounds their placeholder
+    tokens (the lower decides), refused as a context-length error: tokens past the context can never be served. The
+    context holds each item's whole expansion (markers, a video's timestamps and separators too), which
+    `count_tokens` (the tokenizer's count of a text, given with `max_model_len`) measures, so this refusal's count
+    is the one the prompt's own refusal would give the items."""
 
     def __init__(self, settings: MediaSettings | None = None, limits: MediaLimits | None = None,
-                 max_model_len: int | None = None):
+                 max_model_len: int | None = None, count_tokens: Callable[[str], int] | None = None):
+        if max_model_len is not None and count_tokens is None:
+            raise ValueError("MediaProcessor: max_model_len bounds each item's whole expansion, which count_tokens "
+                             "(the tokenizer's count of a text) measures; give count_tokens with it")
         self.settings = settings or MediaSettings()
         self.limits = limits or MediaLimits()
         self.max_model_len = max_model_len
+        self.count_tokens = count_tokens
 
     @property
     def patch_dim(self) -> int:
@@ -101,11 +108,18 @@ class MediaProcessor:
         """Placeholder tokens (vision feature rows) of the larger of `largest_grids`."""
         return max(t * h * w for t, h, w in self.largest_grids()) // self.settings.merge_size**2
 
-    def _later_tokens(self, images: Sequence[ImageInput], videos: Sequence[VideoInput]) -> tuple[int, bool]:
-        """(tokens, whether all were counted) of items not yet processed: images from their headers; videos, which
-        need decoding to count, are not."""
+    def _expansion_tokens(self, expansion: str) -> int:
+        """Tokens of an item's whole expansion, what the context must hold of it; 0 without a context bound (then
+        nothing counts them)."""
+        return 0 if self.count_tokens is None else self.count_tokens(expansion)
+
+    def _later_tokens(self, images: Sequence[ImageInput], videos: Sequence[VideoInput]) -> _Tokens:
+        """The tokens of items not yet processed and whether all were counted: images from their headers; videos,
+        which need decoding to count, are not."""
         counts = [image_tokens_from_header(image, self.settings, self.limits) for image in images]
-        return sum(n for n in counts if n is not None), None not in counts and not videos
+        known = [n for n in counts if n is not None]
+        return _Tokens(sum(known), sum(self._expansion_tokens(image_expansion(n)) for n in known),
+                       None not in counts and not videos)
 
     def process(
         self, prompt: str, images: Sequence[ImageInput] = (), videos: Sequence[VideoInput] = (), *,
@@ -121,21 +135,23 @@ class MediaProcessor:
         """
         check_placeholder_counts(prompt, len(images), len(videos))  # before the expensive decoding
         budget = _TokenBudget(self.limits.max_media_tokens, self.max_model_len)
-        processed_images = []
+        processed_images, image_expansions = [], []
         for index, image in enumerate(images):
             if cancel is not None:
                 cancel.check()
             processed = _process_image(image, self.settings, self.limits, index)
-            processed_images.append(budget.spend(processed, partial(self._later_tokens, images[index + 1:], videos)))
-        processed_videos = []
+            image_expansions.append(image_expansion(processed.num_tokens))
+            budget.spend(_Tokens(processed.num_tokens, self._expansion_tokens(image_expansions[-1])),
+                         partial(self._later_tokens, images[index + 1:], videos))
+            processed_images.append(processed)
+        processed_videos, video_expansions = [], []
         for index, video in enumerate(videos):
             processed = process_video(video, self.settings, self.limits, index, cancel)
-            processed_videos.append(budget.spend(processed, partial(self._later_tokens, (), videos[index + 1:])))
-        image_expansions = tuple(image_expansion(image.num_tokens) for image in processed_images)
-        video_expansions = tuple(
-            video_expansion(video.group_timestamps_s, video.tokens_per_group, self.settings.frame_timestamp_format)
-            for video in processed_videos
-        )
+            video_expansions.append(video_expansion(processed.group_timestamps_s, processed.tokens_per_group,
+                                                    self.settings.frame_timestamp_format))
+            budget.spend(_Tokens(processed.num_tokens, self._expansion_tokens(video_expansions[-1])),
+                         partial(self._later_tokens, (), videos[index + 1:]))
+            processed_videos.append(processed)
         text = expand_placeholders(prompt, image_expansions, video_expansions)
         image_pixels, image_grids = _pack(processed_images, self.patch_dim)
         video_pixels, video_grids = _pack(processed_videos, self.patch_dim)
@@ -147,8 +163,8 @@ class MediaProcessor:
             image_grid_thw=image_grids,
             video_pixel_values=video_pixels,
             video_grid_thw=video_grids,
-            image_expansions=image_expansions,
-            video_expansions=video_expansions,
+            image_expansions=tuple(image_expansions),
+            video_expansions=tuple(video_expansions),
         )
 
 
@@ -165,6 +181,13 @@ def _process_image(image: ImageInput, settings: MediaSettings, limits: MediaLimi
                                            "or multi_modal_data's \"video\"), or one of its frames as an image")
 
 
+@dataclass(frozen=True)
+class _Tokens:
+    placeholders: int  # vision feature rows, what `limits.max_media_tokens` bounds
+    expansions: int  # whole expansions, markers, timestamps and separators included: what the context holds of them
+    all_counted: bool = True
+
+
 class _TokenBudget:
     """The media tokens of one request so far, refused as soon as they pass the limit or the context (None: no
     bound), so a request of many items stops at the first one too many instead of decoding them all."""
@@ -172,22 +195,23 @@ class _TokenBudget:
     def __init__(self, limit: int | None, context: int | None = None):
         self.limit = limit
         self.context = context
-        self.spent = 0
+        self.spent = _Tokens(0, 0)
 
-    def spend(self, item: ProcessedImage | ProcessedVideo, later_tokens: Callable[[], tuple[int, bool]]
-              ) -> ProcessedImage | ProcessedVideo:
-        """`later_tokens()`: (tokens, all counted) of the items not yet processed, so the error gives the total."""
-        self.spent += item.num_tokens
-        bounds = [bound for bound in (self.limit, self.context) if bound is not None]
-        if bounds and self.spent > min(bounds):
-            later, all_counted = later_tokens()
-            need = f"{self.spent + later:,}" if all_counted else f"at least {self.spent + later:,}"
-            if self.context is not None and self.context == min(bounds):
-                raise MediaContextLengthError(self.context, need)
-            raise MediaLimitError(
-                "request",
-                None,
-                f"the images and videos need {need} tokens together, more than the limit of {self.limit:,}; "
-                "send fewer or smaller items, or lower max_image_tokens / max_video_frame_tokens",
-            )
-        return item
+    def spend(self, item: _Tokens, later_tokens: Callable[[], _Tokens]) -> None:
+        """`later_tokens()`: the tokens of the items not yet processed, so the error gives the total."""
+        self.spent = _Tokens(self.spent.placeholders + item.placeholders, self.spent.expansions + item.expansions)
+        past_limit = self.limit is not None and self.spent.placeholders > self.limit
+        past_context = self.context is not None and self.spent.expansions > self.context
+        if not past_limit and not past_context:
+            return
+        later = later_tokens()
+        at_least = "" if later.all_counted else "at least "
+        if past_context and (not past_limit or self.context <= self.limit):
+            raise MediaContextLengthError(self.context, f"{at_least}{self.spent.expansions + later.expansions:,}")
+        raise MediaLimitError(
+            "request",
+            None,
+            f"the images and videos need {at_least}{self.spent.placeholders + later.placeholders:,} tokens together, "
+            f"more than the limit of {self.limit:,}; send fewer or smaller items, or lower max_image_tokens / "
+            "max_video_frame_tokens",
+        )

@@ -529,7 +529,8 @@ def test_an_mmproj_path_under_the_home_directory_is_expanded_as_the_models_is(ma
 def test_a_gguf_with_mmproj_stops_decoding_a_request_s_images_at_the_context(make_tiny, tmp_path):
     """README: a request's media stop decoding once they need more tokens than the context. A GGUF with --mmproj
     decoded every image first (its media processor had no context bound), so the corrupt second image here was
-    reported, not the first image's tokens that the context cannot hold."""
+    reported, not the first image's tokens that the context cannot hold: its 54 <|patch|> tokens and its two
+    markers, 56."""
     from gguf_export import export_mmproj_gguf
     from PIL import Image
 
@@ -541,7 +542,7 @@ def test_a_gguf_with_mmproj_stops_decoding_a_request_s_images_at_the_context(mak
               max_model_len=40, progress=False, kv_cache_memory=16 << 20)
     image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (200, 300, 3), dtype=np.uint8))
     with pytest.raises(MediaLimitError, match=r"^This model's maximum context length is 40 tokens \(max_model_len\), "
-                                              r"but the images and videos need at least 54 tokens together"):
+                                              r"but the images and videos need at least 56 tokens together"):
         llm.generate({"prompt": "Look: <|patch|> <|patch|>", "multi_modal_data": {"image": [image, b"not an image"]}},
                      SamplingParams(max_tokens=3))
 

@@ -134,23 +134,57 @@ def test_processor_enforces_the_request_token_limit() -> None:
         processor.process("<|patch|><|patch|>", [image, image])
 
 
-def test_media_past_the_context_are_a_context_length_refusal_the_lower_bound_deciding() -> None:
+@pytest.fixture(scope="module")
+def count_tokens(make_tiny):
+    """A tiny vision checkpoint's tokenizer's count of a text, what the engine gives the processor."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(make_tiny(vision=True) / "tokenizer.json"))
+    return lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids)
+
+
+def test_media_past_the_context_are_a_context_length_refusal_the_lower_bound_deciding(count_tokens) -> None:
     """Media tokens past max_model_len were refused as "more than the limit of N" with code null, telling the user
-    to lower max_image_tokens (a checkpoint setting); it is the context-length refusal clients recognise."""
+    to lower max_image_tokens (a checkpoint setting); it is the context-length refusal clients recognise. Each image
+    counts whole, its 54 <|patch|> tokens and its <|image_start|> and <|image_end|>: 3 x 56 = 168."""
     image = np.zeros((150, 230, 3), dtype=np.uint8)  # 54 tokens
-    processor = MediaProcessor(MediaSettings(max_image_tokens=64), MediaLimits(max_media_tokens=200), max_model_len=100)
+    processor = MediaProcessor(MediaSettings(max_image_tokens=64), MediaLimits(max_media_tokens=200), max_model_len=100,
+                               count_tokens=count_tokens)
     with pytest.raises(MediaContextLengthError) as refused:
         processor.process("<|patch|>" * 3, [image, image, image])
     assert str(refused.value) == ("This model's maximum context length is 100 tokens (max_model_len), but the images "
-                                  "and videos need 162 tokens together; send fewer or smaller images or videos")
+                                  "and videos need 168 tokens together; send fewer or smaller images or videos")
     assert (refused.value.code, refused.value.param) == ("context_length_exceeded", "messages")
     assert isinstance(refused.value, MediaLimitError) and isinstance(refused.value, ContextLengthError)
     assert (refused.value.prompt_tokens, refused.value.parts) == (None, [])
     below_context = MediaProcessor(MediaSettings(max_image_tokens=64), MediaLimits(max_media_tokens=100),
-                                   max_model_len=200)
+                                   max_model_len=200, count_tokens=count_tokens)
     with pytest.raises(MediaLimitError, match="more than the limit of 100") as limited:
         below_context.process("<|patch|>" * 2, [image, image])
     assert not isinstance(limited.value, MediaContextLengthError) and limited.value.code is None
+
+
+def test_media_whose_placeholders_fit_the_context_but_not_their_expansions_are_refused(count_tokens) -> None:
+    """The early check counted placeholder tokens alone: an image and a video whose 54 + 24 placeholders fit a
+    context their expansions (markers, the video's timestamps and separators) did not were decoded whole, then
+    refused by the prompt's count. The early refusal counts each item as the prompt holds it."""
+    rng = np.random.default_rng(0)
+    image = rng.integers(0, 256, (150, 230, 3), dtype=np.uint8)
+    video = DecodedVideo(rng.integers(0, 256, (8, 90, 120, 3), dtype=np.uint8), fps=4.0)
+    settings = MediaSettings(max_image_tokens=64, max_video_frame_tokens=16)
+    expanded = MediaProcessor(settings).process("<|patch|><|video|>", [image], [video])
+    whole = count_tokens(expanded.text)
+    assert expanded.num_media_tokens == 54 + 24 < whole
+    processor = MediaProcessor(settings, max_model_len=whole - 1, count_tokens=count_tokens)
+    with pytest.raises(MediaContextLengthError, match=f"the images and videos need {whole} tokens together"):
+        processor.process("<|patch|><|video|>", [image], [video])
+    assert MediaProcessor(settings, max_model_len=whole, count_tokens=count_tokens).process(
+        "<|patch|><|video|>", [image], [video]).text == expanded.text
+
+
+def test_a_context_bound_without_the_tokenizers_count_is_refused() -> None:
+    with pytest.raises(ValueError, match="give count_tokens with it"):
+        MediaProcessor(max_model_len=100)
 
 
 def test_the_request_token_limit_error_gives_the_total_of_all_items() -> None:

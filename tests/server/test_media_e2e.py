@@ -266,7 +266,8 @@ def test_an_image_in_a_responses_function_call_output_is_seen_as_in_a_chat_tool_
 
 def test_images_past_the_context_are_a_400_with_the_context_length_code(checkpoint):
     """Images alone past max_model_len were a 400 with code null, "more than the limit of 120", telling the client
-    to lower max_image_tokens (no request field); a shorter prompt of one image was context_length_exceeded."""
+    to lower max_image_tokens (no request field); a shorter prompt of one image was context_length_exceeded. Each
+    image counts whole, its 54 <|patch|> tokens and its two markers (3 x 56), as the prompt's own refusal counts it."""
     import httpx
 
     with live_server(checkpoint, engine_options={"max_model_len": 120}) as live:
@@ -276,7 +277,7 @@ def test_images_past_the_context_are_a_400_with_the_context_length_code(checkpoi
     assert response.status_code == 400
     assert response.json()["error"] == {
         "message": "This model's maximum context length is 120 tokens (max_model_len), but the images and videos "
-                   "need 162 tokens together; send fewer or smaller images or videos",
+                   "need 168 tokens together; send fewer or smaller images or videos",
         "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}
 
 
