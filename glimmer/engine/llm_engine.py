@@ -65,7 +65,7 @@ from glimmer.engine.kv_planner import (
 from glimmer.engine.lookahead import LaunchedStep, runs_ahead
 from glimmer.engine.model_loader import LoadedDrafter, LoadedModel, load_drafter, load_model, prepare_for_cpu
 from glimmer.engine.model_runner import ModelRunner, StepLogits
-from glimmer.engine.multimodal_inputs import attach_media, expansion_span, refuse_stray_placeholders
+from glimmer.engine.multimodal_inputs import MediaTokenIds, attach_media, expansion_span, refuse_stray_placeholders
 from glimmer.engine.outputs import StepDelta
 from glimmer.engine.proposers import DFlashProposer
 from glimmer.engine.rejection_sampler import Proposal, verify
@@ -86,14 +86,7 @@ from glimmer.errors import (
     RequestError,
 )
 from glimmer.multimodal import MediaLimits, MediaProcessor, checkpoint_media_settings
-from glimmer.multimodal.placeholders import (
-    IMAGE_END,
-    IMAGE_PLACEHOLDER,
-    IMAGE_START,
-    VIDEO_END,
-    VIDEO_PLACEHOLDER,
-    VIDEO_START,
-)
+from glimmer.multimodal.placeholders import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
 from glimmer.protocol import ChatTemplate
 
 logger = logging.getLogger(__name__)
@@ -404,6 +397,8 @@ class LLMEngine:
         if spec_config is not None:
             self._load_drafter(spec_config)
         self.media = self._media_processor()
+        self.media_token_ids = MediaTokenIds.resolve(self.model_config.image_token_id, self.model_config.video_token_id,
+                                                     self.tokenizer.token_to_id)
         self._working: WorkingMemory | None = None  # measured when a GPU's free memory sizes the KV cache
         self._build_cache_and_runner(spec_config)
         shortfall = self._working_shortfall()
@@ -807,8 +802,7 @@ class LLMEngine:
         self.check_prompt_chars(text, truncated=truncated)  # before decoding media that could not fit anyway
         processed = media.process(text, images, videos, cancel=cancel)
         token_ids = self.encode_prompt(processed.text, literals, truncated=truncated)
-        config = self.model_config
-        return token_ids, attach_media(token_ids, processed, config.image_token_id, config.video_token_id)
+        return token_ids, attach_media(token_ids, processed, self.media_token_ids)
 
     def prepare_token_prompt(
         self, token_ids: list[int], images: list | tuple = (), videos: list | tuple = (), *, param: str = "prompt",
@@ -844,7 +838,7 @@ class LLMEngine:
                 expanded += self.tokenizer.encode(next(expansions[token_id]), add_special_tokens=False)
             else:
                 expanded.append(token_id)
-        return expanded, attach_media(expanded, processed, config.image_token_id, config.video_token_id)
+        return expanded, attach_media(expanded, processed, self.media_token_ids)
 
     def truncate_prompt(
         self, token_ids: list[int], multimodal: list[MultimodalItem], params: SamplingParams,
@@ -869,8 +863,8 @@ class LLMEngine:
         if cut <= 0:
             return token_ids, multimodal
         kept = []
-        for index, (item, (start, end)) in enumerate(zip(multimodal, self.media_expansion_spans(token_ids, multimodal),
-                                                         strict=True)):
+        for index, item in enumerate(multimodal):
+            start, end = expansion_span(token_ids, item, self.media_token_ids)
             if end <= cut:
                 continue
             if start < cut:
@@ -881,14 +875,6 @@ class LLMEngine:
                     f"at least {len(token_ids) - start} (from its start)", param="truncate_prompt_tokens")
             kept.append(dataclasses.replace(item, runs=tuple((offset - cut, length) for offset, length in item.runs)))
         return token_ids[cut:], kept
-
-    def media_expansion_spans(self, token_ids: list[int], multimodal: list[MultimodalItem]) -> list[tuple[int, int]]:
-        """[start, end) of each item's whole expansion in `token_ids`, its start and end markers included
-        (`multimodal_inputs.expansion_span`), in the order of `multimodal`."""
-        config, to_id = self.model_config, self.tokenizer.token_to_id
-        markers = {config.image_token_id: (to_id(IMAGE_START), to_id(IMAGE_END)),
-                   config.video_token_id: (to_id(VIDEO_START), to_id(VIDEO_END))}
-        return [expansion_span(token_ids, item, *markers[token_ids[item.runs[0][0]]]) for item in multimodal]
 
     def _media_for(self, videos: list | tuple, *, param: str) -> MediaProcessor:
         """The media processor, for a prompt with media (and `videos`); RequestError naming `param` when the model

@@ -9,6 +9,8 @@ runs of video placeholder ids as it has temporal groups. Anything else is a malf
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -16,6 +18,31 @@ from glimmer.engine.cache_keys import digest
 from glimmer.engine.sequence import MultimodalItem
 from glimmer.errors import RequestError
 from glimmer.multimodal import MultimodalPrompt
+from glimmer.multimodal.placeholders import IMAGE_END, IMAGE_START, VIDEO_END, VIDEO_START
+
+
+@dataclass(frozen=True)
+class MediaTokenIds:
+    """The ids of the tokens an image's and a video's expansions are made of (architecture.md §8): the placeholders
+    (the config's), and the start and end markers (the tokenizer's; None where it has no such token). Resolved once,
+    where the engine loads the tokenizer."""
+
+    image: int | None
+    video: int | None
+    image_start: int | None
+    image_end: int | None
+    video_start: int | None
+    video_end: int | None
+
+    @classmethod
+    def resolve(cls, image_token_id: int | None, video_token_id: int | None,
+                token_to_id: Callable[[str], int | None]) -> MediaTokenIds:
+        return cls(image_token_id, video_token_id, token_to_id(IMAGE_START), token_to_id(IMAGE_END),
+                   token_to_id(VIDEO_START), token_to_id(VIDEO_END))
+
+    def markers(self, kind: str) -> tuple[int | None, int | None]:
+        """(start, end) marker ids of an item of `kind` ("image" or "video")."""
+        return (self.image_start, self.image_end) if kind == "image" else (self.video_start, self.video_end)
 
 
 def placeholder_runs(token_ids: list[int], token_id: int) -> list[tuple[int, int]]:
@@ -41,12 +68,10 @@ def content_hash(pixel_values: torch.Tensor, grid_thw: list[int] | tuple[int, ..
     return digest(struct.pack(f"<I{len(shape)}q", len(shape), *shape), pixels.tobytes())
 
 
-def attach_media(
-    token_ids: list[int], prompt: MultimodalPrompt, image_token_id: int, video_token_id: int
-) -> list[MultimodalItem]:
+def attach_media(token_ids: list[int], prompt: MultimodalPrompt, media_ids: MediaTokenIds) -> list[MultimodalItem]:
     """One MultimodalItem per image and video, placed on its placeholder runs; RequestError if they don't fit."""
     items: list[MultimodalItem] = []
-    image_runs = placeholder_runs(token_ids, image_token_id)
+    image_runs = placeholder_runs(token_ids, media_ids.image)
     if len(image_runs) != len(prompt.images):
         raise RequestError(
             f"the tokenized prompt has {len(image_runs)} image placeholder runs for {len(prompt.images)} images; "
@@ -58,8 +83,8 @@ def attach_media(
             raise RequestError(f"image {index}: its placeholder run has {run[1]} tokens, expected "
                                f"{image.num_tokens}", param="messages")
         items.append(MultimodalItem((run,), content_hash(image.pixel_values, image.grid_thw), image.pixel_values,
-                                    torch.tensor([image.grid_thw])))
-    video_runs = iter(placeholder_runs(token_ids, video_token_id))
+                                    torch.tensor([image.grid_thw]), "image"))
+    video_runs = iter(placeholder_runs(token_ids, media_ids.video))
     for index, video in enumerate(prompt.videos):
         groups = video.grid_thw[0]
         runs = tuple(next(video_runs, (0, -1)) for _ in range(groups))
@@ -67,17 +92,17 @@ def attach_media(
             raise RequestError(f"video {index}: its placeholder runs do not match its {groups} frame groups of "
                                f"{video.tokens_per_group} tokens", param="messages")
         items.append(MultimodalItem(runs, content_hash(video.pixel_values, video.grid_thw), video.pixel_values,
-                                    torch.tensor([video.grid_thw])))
+                                    torch.tensor([video.grid_thw]), "video"))
     if next(video_runs, None) is not None:
         raise RequestError("the prompt has more video placeholder tokens than the videos given", param="messages")
     return items
 
 
-def expansion_span(token_ids: list[int], item: MultimodalItem, start_id: int | None, end_id: int | None
-                   ) -> tuple[int, int]:
+def expansion_span(token_ids: list[int], item: MultimodalItem, media_ids: MediaTokenIds) -> tuple[int, int]:
     """[start, end) of an item's whole expansion in `token_ids`: from the start marker before its first placeholder
     run (`<|image_start|>`; `<|vid_start|>`, before the first group's timestamp) through the end marker after its
     last (`<|image_end|>`, `<|vid_end|>`); its runs alone where a marker is not there."""
+    start_id, end_id = media_ids.markers(item.kind)
     first, last = item.runs[0][0], item.runs[-1][0] + item.runs[-1][1]
     start = next((i for i in range(first - 1, -1, -1) if token_ids[i] == start_id), first)
     end = next((i + 1 for i in range(last, len(token_ids)) if token_ids[i] == end_id), last)

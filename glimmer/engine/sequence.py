@@ -35,12 +35,14 @@ class MultimodalItem:
     runs: (offset, length) of each run of placeholder tokens the item fills, in order (an image has one
         run; a video has one per temporal group, separated by timestamps); feature rows fill them in order.
     content_hash: the key of the pixels (cache_keys), for the encoder cache and for prefix-cache block keys.
+    kind: "image" or "video", which placeholders and markers its expansion is made of.
     """
 
     runs: tuple[tuple[int, int], ...]
     content_hash: bytes
     pixel_values: torch.Tensor
     grid_thw: torch.Tensor
+    kind: str
 
     def overlaps(self, start: int, end: int) -> bool:
         return any(offset < end and offset + length > start for offset, length in self.runs)

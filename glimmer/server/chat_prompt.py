@@ -38,6 +38,7 @@ from glimmer.engine.chat_rendering import (
     render_conversation,
 )
 from glimmer.engine.grammar import ControllerFactory, chat_answer_grammar, check_tool_parameters
+from glimmer.engine.multimodal_inputs import expansion_span
 from glimmer.engine.prompt_parts import prompt_text_parts, removable_parts
 from glimmer.engine.sampling_params import StructuredOutputsParams
 from glimmer.engine.sequence import MultimodalItem
@@ -188,13 +189,12 @@ def prompt_parts(messages: list[dict[str, Any]], prompt: ChatPrompt, context: Se
     if measured is None:
         return []
     _, parts = measured
-    engine = context.engine.engine
-    media_tokens = {engine.model_config.image_token_id: 0, engine.model_config.video_token_id: 0}
-    for item, (start, end) in zip(prompt.multimodal, engine.media_expansion_spans(prompt.token_ids, prompt.multimodal),
-                                  strict=True):
-        media_tokens[prompt.token_ids[item.runs[0][0]]] += end - start
-    parts += [PromptPart("images", media_tokens[engine.model_config.image_token_id], "messages"),
-              PromptPart("videos", media_tokens[engine.model_config.video_token_id], "messages")]
+    media_tokens = {"image": 0, "video": 0}
+    for item in prompt.multimodal:
+        start, end = expansion_span(prompt.token_ids, item, context.engine.engine.media_token_ids)
+        media_tokens[item.kind] += end - start
+    parts += [PromptPart("images", media_tokens["image"], "messages"),
+              PromptPart("videos", media_tokens["video"], "messages")]
     parts.append(PromptPart("messages", len(prompt.token_ids) - sum(max(part.size, 0) for part in parts), "messages"))
     return parts
 
