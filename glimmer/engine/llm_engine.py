@@ -65,7 +65,7 @@ from glimmer.engine.kv_planner import (
 from glimmer.engine.lookahead import LaunchedStep, runs_ahead
 from glimmer.engine.model_loader import LoadedDrafter, LoadedModel, load_drafter, load_model, prepare_for_cpu
 from glimmer.engine.model_runner import ModelRunner, StepLogits
-from glimmer.engine.multimodal_inputs import MediaTokenIds, attach_media, expansion_span, refuse_stray_placeholders
+from glimmer.engine.multimodal_inputs import MediaTokenIds, attach_media, refuse_stray_placeholders
 from glimmer.engine.outputs import StepDelta
 from glimmer.engine.proposers import DFlashProposer
 from glimmer.engine.rejection_sampler import Proposal, verify
@@ -846,7 +846,7 @@ class LLMEngine:
         """The prompt's last `params.truncate_prompt_tokens` tokens (-1: max_model_len) and its media items, as vLLM
         truncates a prompt (from the left); as given where that is None or the prompt is no longer. Run where the
         prompt's ids are decided, so that the request's usage, echo and prompt_logprobs see the truncated prompt. An
-        item whose expansion (its markers and placeholder tokens, `expansion_span`) is all cut off is dropped; the
+        item whose expansion (its markers and placeholder tokens, `MultimodalItem.span`) is all cut off is dropped; the
         others are moved with the tokens kept.
 
         Raises RequestError naming truncate_prompt_tokens for a value past max_model_len (vLLM's server's 400) or a
@@ -864,7 +864,7 @@ class LLMEngine:
             return token_ids, multimodal
         kept = []
         for index, item in enumerate(multimodal):
-            start, end = expansion_span(token_ids, item, self.media_token_ids)
+            start, end = item.span
             if end <= cut:
                 continue
             if start < cut:
@@ -873,7 +873,8 @@ class LLMEngine:
                     f"cut into its image or video {index} (positions {start} to {end - 1}, its markers and the "
                     f"placeholder tokens its features fill); keep at most {len(token_ids) - end} tokens (after it) or "
                     f"at least {len(token_ids) - start} (from its start)", param="truncate_prompt_tokens")
-            kept.append(dataclasses.replace(item, runs=tuple((offset - cut, length) for offset, length in item.runs)))
+            kept.append(dataclasses.replace(item, runs=tuple((offset - cut, length) for offset, length in item.runs),
+                                            span=(start - cut, end - cut)))
         return token_ids[cut:], kept
 
     def _media_for(self, videos: list | tuple, *, param: str) -> MediaProcessor:

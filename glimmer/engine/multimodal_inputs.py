@@ -18,7 +18,7 @@ from glimmer.engine.cache_keys import digest
 from glimmer.engine.sequence import MultimodalItem
 from glimmer.errors import RequestError
 from glimmer.multimodal import MultimodalPrompt
-from glimmer.multimodal.placeholders import IMAGE_END, IMAGE_START, VIDEO_END, VIDEO_START
+from glimmer.multimodal.placeholders import IMAGE_END, IMAGE_START, VIDEO_END, VIDEO_PLACEHOLDER, VIDEO_START
 
 
 @dataclass(frozen=True)
@@ -82,8 +82,9 @@ def attach_media(token_ids: list[int], prompt: MultimodalPrompt, media_ids: Medi
         if run[1] != image.num_tokens:
             raise RequestError(f"image {index}: its placeholder run has {run[1]} tokens, expected "
                                f"{image.num_tokens}", param="messages")
+        span = expansion_span(token_ids, (run,), media_ids.markers("image"))
         items.append(MultimodalItem((run,), content_hash(image.pixel_values, image.grid_thw), image.pixel_values,
-                                    torch.tensor([image.grid_thw]), "image"))
+                                    torch.tensor([image.grid_thw]), "image", span))
     video_runs = iter(placeholder_runs(token_ids, media_ids.video))
     for index, video in enumerate(prompt.videos):
         groups = video.grid_thw[0]
@@ -91,21 +92,28 @@ def attach_media(token_ids: list[int], prompt: MultimodalPrompt, media_ids: Medi
         if any(length != video.tokens_per_group for _, length in runs):
             raise RequestError(f"video {index}: its placeholder runs do not match its {groups} frame groups of "
                                f"{video.tokens_per_group} tokens", param="messages")
+        expansion = prompt.video_expansions[index]
+        # the first group's timestamp, ASCII text ("Time: 0.0s"), is at most one token a character
+        first_timestamp_chars = expansion.index(VIDEO_PLACEHOLDER) - len(VIDEO_START)
+        span = expansion_span(token_ids, runs, media_ids.markers("video"), first_timestamp_chars)
         items.append(MultimodalItem(runs, content_hash(video.pixel_values, video.grid_thw), video.pixel_values,
-                                    torch.tensor([video.grid_thw]), "video"))
+                                    torch.tensor([video.grid_thw]), "video", span))
     if next(video_runs, None) is not None:
         raise RequestError("the prompt has more video placeholder tokens than the videos given", param="messages")
     return items
 
 
-def expansion_span(token_ids: list[int], item: MultimodalItem, media_ids: MediaTokenIds) -> tuple[int, int]:
-    """[start, end) of an item's whole expansion in `token_ids`: from the start marker before its first placeholder
-    run (`<|image_start|>`; `<|vid_start|>`, before the first group's timestamp) through the end marker after its
-    last (`<|image_end|>`, `<|vid_end|>`); its runs alone where a marker is not there."""
-    start_id, end_id = media_ids.markers(item.kind)
-    first, last = item.runs[0][0], item.runs[-1][0] + item.runs[-1][1]
-    start = next((i for i in range(first - 1, -1, -1) if token_ids[i] == start_id), first)
-    end = next((i + 1 for i in range(last, len(token_ids)) if token_ids[i] == end_id), last)
+def expansion_span(token_ids: list[int], runs: tuple[tuple[int, int], ...], markers: tuple[int | None, int | None],
+                   lead_tokens: int = 0) -> tuple[int, int]:
+    """[start, end) of the expansion whose placeholder runs are `runs` in `token_ids`: from its start marker
+    (`<|image_start|>` right before the first run; `<|vid_start|>` at most `lead_tokens` before it, the first
+    group's timestamp between) through its end marker right after the last run (`<|image_end|>`, `<|vid_end|>`);
+    the runs' own bounds on a side whose marker is not there. Only the expansion's own positions are looked at."""
+    start_id, end_id = markers
+    first, last = runs[0][0], runs[-1][0] + runs[-1][1]
+    start = next((i for i in range(first - 1, max(first - 2 - lead_tokens, -1), -1) if token_ids[i] == start_id),
+                 first)
+    end = last + 1 if last < len(token_ids) and token_ids[last] == end_id else last
     return start, end
 
 

@@ -36,6 +36,8 @@ class MultimodalItem:
         run; a video has one per temporal group, separated by timestamps); feature rows fill them in order.
     content_hash: the key of the pixels (cache_keys), for the encoder cache and for prefix-cache block keys.
     kind: "image" or "video", which placeholders and markers its expansion is made of.
+    span: [start, end) of its whole expansion, its markers (and a video's timestamps) included, as attach_media
+        found it where the expansion was written.
     """
 
     runs: tuple[tuple[int, int], ...]
@@ -43,6 +45,7 @@ class MultimodalItem:
     pixel_values: torch.Tensor
     grid_thw: torch.Tensor
     kind: str
+    span: tuple[int, int]
 
     def overlaps(self, start: int, end: int) -> bool:
         return any(offset < end and offset + length > start for offset, length in self.runs)

@@ -38,7 +38,6 @@ from glimmer.engine.chat_rendering import (
     render_conversation,
 )
 from glimmer.engine.grammar import ControllerFactory, chat_answer_grammar, check_tool_parameters
-from glimmer.engine.multimodal_inputs import expansion_span
 from glimmer.engine.prompt_parts import prompt_text_parts, removable_parts
 from glimmer.engine.sampling_params import StructuredOutputsParams
 from glimmer.engine.sequence import MultimodalItem
@@ -191,8 +190,7 @@ def prompt_parts(messages: list[dict[str, Any]], prompt: ChatPrompt, context: Se
     _, parts = measured
     media_tokens = {"image": 0, "video": 0}
     for item in prompt.multimodal:
-        start, end = expansion_span(prompt.token_ids, item, context.engine.engine.media_token_ids)
-        media_tokens[item.kind] += end - start
+        media_tokens[item.kind] += item.span[1] - item.span[0]
     parts += [PromptPart("images", media_tokens["image"], "messages"),
               PromptPart("videos", media_tokens["video"], "messages")]
     parts.append(PromptPart("messages", len(prompt.token_ids) - sum(max(part.size, 0) for part in parts), "messages"))
