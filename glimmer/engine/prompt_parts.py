@@ -41,9 +41,10 @@ def removable_parts(messages: list[dict[str, Any]], rendering: ChatRendering | N
                     groups: Mapping[str, Collection[int]] | None = None) -> tuple[int, list[PromptPart]] | None:
     """The `size` of the whole rendered conversation, and of what `tools`, the template variables and each system
     message add to it; None where it cannot be rendered again. `own_kwargs`: template variables measured as parts of
-    their own, by the name (and param) a refusal gives them; the others are `chat_template_kwargs`. `groups`: messages
-    (by index) measured together as a part of their own, by the name (and param) a refusal gives them; a system
-    message among them is not measured apart."""
+    their own, by the name (and param) a refusal gives them; the others are `chat_template_kwargs`. `groups`: runs of
+    messages (by index, from the first to the last) measured together as a part of their own, by the name (and param)
+    a refusal gives them: what the conversation rendered through the run adds to it rendered up to the run, without
+    a generation prompt; a system message among them is not measured apart."""
 
     def size_without(part_rendering: ChatRendering, conversation: list[dict[str, Any]]) -> int | None:
         try:
@@ -75,14 +76,18 @@ def removable_parts(messages: list[dict[str, Any]], rendering: ChatRendering | N
         name = f"messages[{group[0]}]" if len(group) == 1 else "system messages"
         removals.append((name, name if len(group) == 1 else "messages", rendering,
                          [message for i, message in enumerate(messages) if i not in group]))
-    for name, indices in (groups or {}).items():
-        left_out = set(indices)
-        if left_out:
-            removals.append((name, name, rendering,
-                             [message for i, message in enumerate(messages) if i not in left_out]))
     parts = []
     for part_name, param, part_rendering, conversation in removals:
         shorter = size_without(part_rendering, conversation)
         if shorter is not None:
             parts.append(PromptPart(part_name, whole - shorter, param))
+    # a group is measured in place, as the history it is: the prompt without it could not be rendered where a message
+    # after it answers a call it made (/v1/responses' agent loop, an input opening with a function_call_output)
+    history = replace(rendering, generation_prompt=False, continue_final_message=False)
+    for name, indices in (groups or {}).items():
+        if indices:
+            through = size_without(history, messages[:max(indices) + 1])
+            before = size_without(history, messages[:min(indices)])
+            if through is not None and before is not None:
+                parts.append(PromptPart(name, through - before, name))
     return whole, parts

@@ -126,6 +126,29 @@ def test_a_responses_prompt_long_with_the_conversation_it_continues_names_previo
                                      "previous_response_id"), error
 
 
+def test_a_responses_prompt_answering_the_call_its_conversation_ends_in_counts_that_conversation(make_tiny):
+    """The agent loop: the response continued ends in a call, and the input starts with that call's output. Measuring
+    the conversation by rendering the prompt without it left the output answering no call, the render failed, and
+    the conversation went uncounted: "(input 1393, tools 652); shorten the input", its tokens inside `input`."""
+    tool = {"type": "function", "name": "get_weather", "description": "the weather in a city", "parameters": {}}
+    limit = 2048
+    with live_server(make_tiny(), engine_options={"max_model_len": limit}) as live:
+        first = httpx.post(live.base_url + "/responses", timeout=60, json={
+            "model": "tiny", "input": "lighthouse keepers watch the sea " * 50, "max_output_tokens": 64,
+            "tools": [tool], "tool_choice": {"type": "function", "name": "get_weather"}, "parallel_tool_calls": False,
+            "chat_template_kwargs": PINNED_DATE}).json()
+        assert first.get("output", [{}])[-1].get("type") == "function_call", first
+        output = {"type": "function_call_output", "call_id": first["output"][-1]["call_id"], "output": "sunny " * 90}
+        response = httpx.post(live.base_url + "/responses", timeout=60, json={
+            "model": "tiny", "previous_response_id": first["id"], "max_output_tokens": 4, "tools": [tool],
+            "input": [output]})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    shares = _shares(error["message"])
+    assert shares.get("previous_response_id", 0) > shares.get("input", 0) > 0, error
+    assert sum(shares.values()) <= _prompt_tokens(error["message"]) and error["param"] == "previous_response_id", error
+
+
 def test_a_completions_prompt_too_long_is_refused_with_the_code_and_names_the_prompt(server):
     error = _refusal(server, "/completions", {"prompt": [50] * (LIMIT + 1), "max_tokens": 1})
     assert error["param"] == "prompt", error
