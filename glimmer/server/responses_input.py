@@ -415,9 +415,13 @@ def _refuse_unknown_fields(item: dict[str, Any], kind: Any, where: str) -> None:
 
 def _tool_call(item: dict[str, Any], where: str) -> dict[str, Any]:
     name, call_id, arguments = item.get("name"), item.get("call_id"), item.get("arguments")
-    if not isinstance(name, str) or not isinstance(call_id, str) or not isinstance(arguments, str):
+    if not isinstance(name, str) or not isinstance(call_id, str):
         raise RequestError(f"{where}: a function_call item needs string `name`, `call_id` and `arguments`",
                            param=where)
+    if not isinstance(arguments, str):  # missing, it would render a call with arguments the model never wrote
+        got = "it has none" if arguments is None else f"got {type(arguments).__name__}"
+        raise RequestError(f"{where}.arguments: a function_call item needs its arguments as a JSON string ({got}); "
+                           'send "{}" for a call without arguments', param=f"{where}.arguments")
     if not call_id:  # no function_call_output can answer it (its empty call_id names no call)
         raise RequestError(f"{where}.call_id: must not be empty: it is the id the call's function_call_output "
                            "answers", param=f"{where}.call_id")

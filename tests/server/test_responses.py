@@ -762,15 +762,19 @@ def test_an_assistant_message_item_without_its_content_is_refused_naming_it(cont
     assert str(refused.value).startswith("input[1].content: a message item needs its content")
 
 
-def test_a_function_call_item_without_its_arguments_is_refused_as_without_its_name():
-    """It was taken as a call with no arguments (`{}`): the prompt held a call the model never wrote, though the 400
-    for a missing name or call_id says a function_call item needs string `arguments` too. OpenAI refuses it too."""
+def test_a_function_call_item_without_its_arguments_is_refused_naming_them():
+    """It was taken as a call with no arguments (`{}`): the prompt held a call the model never wrote. OpenAI refuses
+    it too. The 400 names `input[i].arguments` and says what to send for a call without arguments (it named the item
+    alone, as for a missing name or call_id)."""
     call = {"type": "function_call", "call_id": "c1", "name": "get_weather"}
     output = {"type": "function_call_output", "call_id": "c1", "output": "sunny"}
-    with pytest.raises(RequestError) as refused:
-        chat_messages([{"role": "user", "content": "[weather]"}, call, output], None)
-    assert refused.value.param == "input[1]"
-    assert str(refused.value) == "input[1]: a function_call item needs string `name`, `call_id` and `arguments`"
+    for arguments in (None, {}):
+        with pytest.raises(RequestError) as refused:
+            chat_messages([{"role": "user", "content": "[weather]"}, {**call, "arguments": arguments}, output], None)
+        assert refused.value.param == "input[1].arguments"
+        assert str(refused.value).startswith("input[1].arguments: a function_call item needs its arguments as a "
+                                             "JSON string"), refused.value
+        assert str(refused.value).endswith('send "{}" for a call without arguments'), refused.value
     taken = chat_messages([{"role": "user", "content": "[weather]"}, {**call, "arguments": ""}, output], None)
     assert taken[1]["tool_calls"][0]["function"]["arguments"] == ""  # an empty string is no arguments, as in chat
 
