@@ -227,10 +227,7 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
             _check_phase(item, "assistant", where)
             assistant = open_assistant(where)
             assistant_origin.path = where  # after a reasoning item: the message item holds the content
-            if item.get("content") in (None, []):  # it would render an answer the model never wrote
-                raise RequestError(f"{where}.content: a message item needs its content (a string or a non-empty "
-                                   "list of output_text parts); an assistant message without it would render as an "
-                                   "empty answer", param=f"{where}.content")
+            _check_content_given(item.get("content"), where)
             assistant["content"] = _text_of(item["content"], f"{where}.content", refusal=True)
             echo.read("assistant message", assistant["content"], where, refused=True)
         elif kind == "message":
@@ -497,12 +494,18 @@ def _text_of(content: Any, field: str, accepted: str = "text parts", refusal: bo
                        param=field)
 
 
+def _check_content_given(content: Any, where: str) -> None:
+    """RequestError naming `where`.content when a message item, of any role, is without its content (missing, null
+    or []): it would render an empty turn, for an assistant an answer the model never wrote. OpenAI refuses them."""
+    if content is None or (isinstance(content, list) and not content):
+        raise RequestError(f"{where}.content: a message item needs its content (a string or a non-empty list of "
+                           "content parts)", param=f"{where}.content")
+
+
 def _content(content: Any, where: str) -> str | list[dict[str, Any]]:
     """A user / system / developer message's content in chat parts (images kept); RequestError when it is missing
-    (it would render an empty turn)."""
-    if content is None:
-        raise RequestError(f"{where}.content: a message item needs its content (a string or a list of content "
-                           "parts)", param=f"{where}.content")
+    or [] (`_check_content_given`)."""
+    _check_content_given(content, where)
     if isinstance(content, str):
         return content
     if not isinstance(content, list):

@@ -762,6 +762,19 @@ def test_an_assistant_message_item_without_its_content_is_refused_naming_it(cont
     assert str(refused.value).startswith("input[1].content: a message item needs its content")
 
 
+@pytest.mark.parametrize("role", ["user", "system", "developer"])
+def test_a_message_item_with_empty_content_is_refused_in_responses_words(server, role):
+    """A user, system or developer item with `content: []` passed to the chat layer's 400, which says "only an
+    assistant message may leave it out or null": on /v1/responses an assistant message item may not either."""
+    items = [{"type": "message", "role": role, "content": []}, {"role": "user", "content": "hi"}]
+    response = httpx.post(server.base_url + "/responses", timeout=30, json={"model": "tiny", "input": items})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "input[0].content", error
+    assert error["message"].startswith("input[0].content: a message item needs its content"), error
+    assert "assistant message may" not in error["message"], error
+
+
 def test_a_function_call_item_without_its_arguments_is_refused_naming_them():
     """It was taken as a call with no arguments (`{}`): the prompt held a call the model never wrote. OpenAI refuses
     it too. The 400 names `input[i].arguments` and says what to send for a call without arguments (it named the item
