@@ -792,14 +792,18 @@ def test_a_function_call_item_without_its_arguments_is_refused_naming_them():
     assert taken[1]["tool_calls"][0]["function"]["arguments"] == ""  # an empty string is no arguments, as in chat
 
 
-def test_a_function_call_item_with_an_empty_call_id_is_refused_naming_it():
-    """It was taken, and no output could answer it (an output's empty call_id is refused, naming no call): the call
-    rendered as a turn whose result never came, where every other call needs its output."""
+def test_a_function_call_item_with_an_empty_call_id_is_refused_naming_it(server):
+    """Over HTTP it was a 400 already, but naming `input[1]` and saying no tool message answers the call of
+    'get_weather' (id ''), whose output could not be sent (an output's empty call_id is refused): the 400 names
+    `input[1].call_id` and says it must not be empty."""
     call = {"type": "function_call", "call_id": "", "name": "get_weather", "arguments": "{}"}
-    with pytest.raises(RequestError) as refused:
-        chat_messages([{"role": "user", "content": "[weather]"}, call, {"role": "user", "content": "and?"}], None)
-    assert refused.value.param == "input[1].call_id"
-    assert str(refused.value).startswith("input[1].call_id: must not be empty")
+    items = [{"role": "user", "content": "[weather]"}, call, {"role": "user", "content": "and?"}]
+    response = httpx.post(server.base_url + "/responses", timeout=30,
+                          json={"model": "tiny", "input": items, "tools": [WEATHER_TOOL]})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "input[1].call_id", error
+    assert error["message"].startswith("input[1].call_id: must not be empty"), error
 
 
 def test_a_chat_shaped_tool_is_400_saying_responses_tools_are_flat(server):
