@@ -436,13 +436,22 @@ def _reasoning_text(item: dict[str, Any], where: str) -> str:
     return "".join(_part_text(part, f"{where}.{name}[{j}]") for j, part in enumerate(parts))
 
 
-_SEALED_REASONING_PREFIX = "glimmer-reasoning-v1:"
+_SEALED_REASONING_PREFIX = "glimmer-reasoning-v2:"  # base64url of a digest of the text, then the text
+_SEALED_REASONING_DIGEST_BYTES = 6  # a whole number of base64 groups: the text's characters stay aligned
+_UNCHECKED_REASONING_PREFIX = "glimmer-reasoning-v1:"  # base64url of the text alone: sealed before the digest, read
+_ASCII_WHITESPACE = re.compile(r"[ \t\n\r\f\v]")  # a client's storage may wrap or end the value with some
 
 
 def sealed_reasoning(text: str) -> str:
     """The `encrypted_content` of a reasoning item whose text is `text`: the text encoded, not encrypted (a client
-    may read its own prompt), and marked, so that another server's encrypted reasoning is refused, not rendered."""
-    return _SEALED_REASONING_PREFIX + base64.urlsafe_b64encode(text.encode()).decode()
+    may read its own prompt), and marked, so that another server's encrypted reasoning is refused, not rendered; a
+    digest of the text before it, so that one altered since is refused (`_unsealed_reasoning`)."""
+    encoded = text.encode()
+    return _SEALED_REASONING_PREFIX + base64.urlsafe_b64encode(_reasoning_digest(encoded) + encoded).decode()
+
+
+def _reasoning_digest(encoded: bytes) -> bytes:
+    return hashlib.sha256(encoded).digest()[:_SEALED_REASONING_DIGEST_BYTES]
 
 
 def with_sealed_reasoning(item: dict[str, Any]) -> dict[str, Any]:
@@ -455,16 +464,27 @@ def with_sealed_reasoning(item: dict[str, Any]) -> dict[str, Any]:
 
 
 def _unsealed_reasoning(value: Any, where: str) -> str:
-    """The reasoning text of an `encrypted_content` `sealed_reasoning` made; RequestError naming `where` for another,
-    or for one altered since (a character outside base64's alphabet)."""
-    if isinstance(value, str) and value.startswith(_SEALED_REASONING_PREFIX):
+    """The reasoning text of an `encrypted_content` `sealed_reasoning` made (ASCII whitespace around or inside it
+    ignored), or of the earlier form without a digest; RequestError naming `where` for another, or for one altered
+    since (a character outside base64's alphabet, or, in the current form, any the digest does not match)."""
+    value = _ASCII_WHITESPACE.sub("", value) if isinstance(value, str) else value
+    for prefix in (_SEALED_REASONING_PREFIX, _UNCHECKED_REASONING_PREFIX):
+        if not (isinstance(value, str) and value.startswith(prefix)):
+            continue
         try:
             # validate: a character outside the alphabet (a client's storage mangled it) is refused, not skipped,
             # which read the rest as other text
-            return base64.b64decode(value.removeprefix(_SEALED_REASONING_PREFIX), altchars=b"-_",
-                                    validate=True).decode()
-        except (binascii.Error, UnicodeDecodeError, ValueError):
-            pass
+            decoded = base64.b64decode(value.removeprefix(prefix), altchars=b"-_", validate=True)
+        except (binascii.Error, ValueError):
+            break
+        if prefix == _SEALED_REASONING_PREFIX:  # a cut or a changed character inside the alphabet: another digest
+            digest, decoded = decoded[:_SEALED_REASONING_DIGEST_BYTES], decoded[_SEALED_REASONING_DIGEST_BYTES:]
+            if digest != _reasoning_digest(decoded):
+                break
+        try:
+            return decoded.decode()
+        except UnicodeDecodeError:
+            break
     raise RequestError(f"{where}: not the encrypted_content of a Glimmer response (another server's cannot be read "
                        "here); send the reasoning text in `content`", param=where)
 

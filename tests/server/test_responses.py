@@ -231,6 +231,35 @@ def test_a_corrupted_encrypted_reasoning_is_refused_naming_it_not_read_as_other_
         "role": "assistant", "recipient": "self", "content": "The tool says sunny."}
 
 
+def _one_character_changed(sealed: str) -> str:
+    last = sealed[-5]  # inside the text's characters, its padding after it
+    return sealed[:-5] + ("A" if last != "A" else "B") + sealed[-4:]
+
+
+@pytest.mark.parametrize("alter", [lambda sealed: sealed[:-4], _one_character_changed])
+def test_an_encrypted_reasoning_altered_inside_base64s_alphabet_is_refused(alter):
+    """A cut or a changed character kept to the alphabet decoded to other text ('The tool says sunn', or garbage)
+    and rendered as the model's reasoning: the sealed text carries a digest of itself now, and a mismatch is the
+    400 naming the field."""
+    sealed = sealed_reasoning("The tool says sunny.")
+    item = {"type": "reasoning", "summary": [], "encrypted_content": alter(sealed)}
+    with pytest.raises(RequestError) as refused:
+        chat_messages([{"role": "user", "content": "hi"}, item], None)
+    assert refused.value.param == "input[1].encrypted_content"
+
+
+@pytest.mark.parametrize("wrap", [lambda sealed: sealed + "\n", lambda sealed: f"\n {sealed}\r\n",
+                                  lambda sealed: sealed[:30] + "\n" + sealed[30:],
+                                  lambda sealed: "glimmer-reasoning-v1:VGhlIHRvb2wgc2F5cyBzdW5ueS4=\n"])
+def test_an_encrypted_reasoning_wrapped_in_whitespace_reads_as_sealed(wrap):
+    """validate=True refused a sealed value a client's storage had wrapped in newlines or ended with one, which read
+    right before: ASCII whitespace is not part of it. The earlier form (no digest) reads too."""
+    sealed = sealed_reasoning("The tool says sunny.")
+    item = {"type": "reasoning", "summary": [], "encrypted_content": wrap(sealed)}
+    assert chat_messages([{"role": "user", "content": "hi"}, item], None)[1] == {
+        "role": "assistant", "recipient": "self", "content": "The tool says sunny."}
+
+
 def test_retrieving_with_encrypted_reasoning_included_seals_the_reasoning_items_as_create_does(client):
     """`include: ["reasoning.encrypted_content"]` on `responses.retrieve` and `responses.input_items.list` was checked
     and ignored: a response made without it came back with no `encrypted_content`, which a client that replays only
