@@ -176,11 +176,11 @@ def prompt_parts(messages: list[dict[str, Any]], prompt: ChatPrompt, context: Se
                  groups: Mapping[str, Collection[int]] | None = None) -> list[PromptPart]:
     """The tokens each part of a chat request made of its prompt, to say which made it too long: `tools`,
     `chat_template_kwargs`, each system message (`messages[i]`; more than four together, `system messages`) and each
-    of `groups` (messages by index, under a name: /v1/responses' `previous_response_id`) the tokens the prompt loses
-    rendered without it, images and videos their whole expansions (placeholder tokens, start and end markers, a
-    video's timestamps and separators), and `messages` the rest (the template's own markup included). A part the
-    template cannot render without is left out (counted in `messages`). Renders and tokenizes the conversation once
-    more for each part: for a refused prompt only."""
+    of `groups` (messages by index, under a name: /v1/responses' `previous_response_id`; their images and videos
+    with them) the tokens the prompt loses rendered without it, other images and videos their whole expansions
+    (placeholder tokens, start and end markers, a video's timestamps and separators), and `messages` the rest (the
+    template's own markup included). A part the template cannot render without is left out (counted in `messages`).
+    Renders and tokenizes the conversation once more for each part: for a refused prompt only."""
     tokenizer = context.tokenizer
     measured = removable_parts(messages, prompt.rendering, tokenizer,
                                lambda rendered: len(tokenizer.encode(rendered.text, literals=rendered.literals)),
@@ -189,8 +189,16 @@ def prompt_parts(messages: list[dict[str, Any]], prompt: ChatPrompt, context: Se
         return []
     _, parts = measured
     media_tokens = {"image": 0, "video": 0}
-    for item in prompt.multimodal:
-        media_tokens[item.kind] += item.span[1] - item.span[0]
+    group_of = {i: name for name, indices in (groups or {}).items() for i in indices}
+    group_media = dict.fromkeys(groups or {}, 0)  # a group's images and videos count in its part
+    for (_, path, _), item in zip(media_parts(messages), prompt.multimodal, strict=True):
+        group = group_of.get(int(path.removeprefix("messages[").partition("]")[0]))
+        if group is not None:
+            group_media[group] += item.span[1] - item.span[0]
+        else:
+            media_tokens[item.kind] += item.span[1] - item.span[0]
+    parts = [PromptPart(part.name, part.size + group_media[part.name], part.param) if part.name in group_media
+             else part for part in parts]
     parts += [PromptPart("images", media_tokens["image"], "messages"),
               PromptPart("videos", media_tokens["video"], "messages")]
     parts.append(PromptPart("messages", len(prompt.token_ids) - sum(max(part.size, 0) for part in parts), "messages"))

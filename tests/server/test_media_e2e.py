@@ -306,6 +306,27 @@ def test_a_prompt_past_the_context_counts_each_image_and_video_with_its_markers_
     assert re.search(rf"\bvideos {spans['videos']}\b", message)
 
 
+def test_images_of_the_conversation_previous_response_id_continues_count_as_that_conversation(checkpoint):
+    """A /v1/responses prompt too long after a response whose input held images counted them as `images` ("(images
+    630, input 534); shorten or remove images", param `images`'s `input`), though they are in the conversation
+    previous_response_id continues, which shortening the input leaves: they count in its part now."""
+    import httpx
+
+    image = {"type": "input_image", "image_url": _data_url(_png(1, (300, 200)))}
+    limit = 400
+    with live_server(checkpoint, engine_options={"max_model_len": limit}) as live:
+        first = httpx.post(live.base_url + "/responses", timeout=60, json={
+            "model": "tiny", "max_output_tokens": 2, **EXTRA,
+            "input": [{"role": "user", "content": [*[image] * 4, {"type": "input_text", "text": "What is it?"}]}]})
+        assert first.status_code == 200, first.text
+        response = httpx.post(live.base_url + "/responses", timeout=60, json={
+            "model": "tiny", "max_output_tokens": 2, "previous_response_id": first.json()["id"],
+            "input": "and these lighthouses? " * 6})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert "images" not in error["message"] and error["param"] == "previous_response_id", error
+
+
 @contextlib.contextmanager
 def _image_host(answer):
     """The base URL of a local http image host: `answer(path)` gives a GET's body (None: 404), a thread a request."""
