@@ -81,17 +81,19 @@ class ConstraintFailure(RequestError):
 
 
 _CONVERSATION_FIELDS = ("messages", "input", "prompt")  # shortened, never removed
-_CONTINUED_CONVERSATION = "previous_response_id"  # /v1/responses: the conversation a request continues, left, not cut
 
 
 @dataclass(frozen=True)
 class PromptPart:
     """What one part of the request made of a prompt, `size` tokens (characters, in a `PromptTextTooLongError`):
-    `name` as the message says it (a field, or "images"), `param` the field a client changes to shorten it."""
+    `name` as the message says it (a field, or "images"), `param` the field a client changes to shorten it, `fix`
+    what a refusal whose largest part it is tells to do, where not to shorten it (or remove it): the caller's words.
+    """
 
     name: str
     size: int
     param: str
+    fix: str | None = None
 
 
 class ContextLengthError(RequestError):
@@ -185,13 +187,12 @@ def _largest_parts(parts: Sequence[PromptPart], total: int) -> list[PromptPart]:
 
 def _shares_and_fix(parts: list[PromptPart]) -> tuple[str, str]:
     """The parts as a refusal lists them (` (tools 480, messages 40)`; nothing for one, the whole prompt) and what to
-    do: shorten the largest."""
+    do: the largest's own `fix`, else shorten it."""
     listed = ", ".join(f"{part.name} {part.size}" for part in parts)
     shares = f" ({listed})" if len(parts) > 1 else ""
+    if parts and parts[0].fix is not None:
+        return shares, parts[0].fix
     largest = parts[0].name if parts else "messages"
-    if largest == _CONTINUED_CONVERSATION:
-        return shares, ("continue an earlier response, or send a shorter conversation as input without "
-                        "previous_response_id")
     return shares, f"shorten the {largest}" if largest in _CONVERSATION_FIELDS else f"shorten or remove {largest}"
 
 

@@ -11,7 +11,7 @@ render without is left out (counted in `messages`). Each part costs one more ren
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from glimmer.engine.chat_rendering import ChatRendering, render_conversation
@@ -19,12 +19,21 @@ from glimmer.errors import PromptPart, RequestError
 from glimmer.protocol import ChatTemplateError, RenderedPrompt
 
 _SYSTEM_ROLES = ("system", "developer")
+
+
+@dataclass(frozen=True)
+class MessageGroup:
+    """Messages a caller measures together as one part (`removable_parts`' groups): their `indices`, and the `fix` a
+    refusal whose largest part they are gives (`PromptPart.fix`), in the caller's words."""
+
+    indices: Collection[int]
+    fix: str | None = None
 _MEASURED_ONE_BY_ONE = 4  # system messages measured each on its own; more are measured together (a render each)
 
 
 def prompt_text_parts(messages: list[dict[str, Any]], rendering: ChatRendering, tokenizer: Any,
                       own_kwargs: Mapping[str, str] | None = None,
-                      groups: Mapping[str, Collection[int]] | None = None) -> list[PromptPart]:
+                      groups: Mapping[str, MessageGroup] | None = None) -> list[PromptPart]:
     """The parts counted in characters of the rendered text, for a prompt refused before it is tokenized
     (`PromptTextTooLongError`): tokenizing a text too long for any context is the work that refusal saves.
     `own_kwargs` and `groups`: see `removable_parts`."""
@@ -38,7 +47,7 @@ def prompt_text_parts(messages: list[dict[str, Any]], rendering: ChatRendering, 
 
 def removable_parts(messages: list[dict[str, Any]], rendering: ChatRendering | None, tokenizer: Any,
                     size: Callable[[RenderedPrompt], int], own_kwargs: Mapping[str, str] | None = None,
-                    groups: Mapping[str, Collection[int]] | None = None) -> tuple[int, list[PromptPart]] | None:
+                    groups: Mapping[str, MessageGroup] | None = None) -> tuple[int, list[PromptPart]] | None:
     """The `size` of the whole rendered conversation, and of what `tools`, the template variables and each system
     message add to it; None where it cannot be rendered again. `own_kwargs`: template variables measured as parts of
     their own, by the name (and param) a refusal gives them; the others are `chat_template_kwargs`. `groups`: runs of
@@ -59,7 +68,7 @@ def removable_parts(messages: list[dict[str, Any]], rendering: ChatRendering | N
     if whole is None:
         return None
     own = own_kwargs or {}
-    grouped = {i for indices in (groups or {}).values() for i in indices}
+    grouped = {i for group in (groups or {}).values() for i in group.indices}
     system = [i for i, message in enumerate(messages)
               if isinstance(message, dict) and message.get("role") in _SYSTEM_ROLES and i not in grouped]
     removals = []  # (name, param, the rendering and conversation without the part)
@@ -84,10 +93,10 @@ def removable_parts(messages: list[dict[str, Any]], rendering: ChatRendering | N
     # a group is measured in place, as the history it is: the prompt without it could not be rendered where a message
     # after it answers a call it made (/v1/responses' agent loop, an input opening with a function_call_output)
     history = replace(rendering, generation_prompt=False, continue_final_message=False)
-    for name, indices in (groups or {}).items():
-        if indices:
-            through = size_without(history, messages[:max(indices) + 1])
-            before = size_without(history, messages[:min(indices)])
+    for name, group in (groups or {}).items():
+        if group.indices:
+            through = size_without(history, messages[:max(group.indices) + 1])
+            before = size_without(history, messages[:min(group.indices)])
             if through is not None and before is not None:
-                parts.append(PromptPart(name, through - before, name))
+                parts.append(PromptPart(name, through - before, name, group.fix))
     return whole, parts

@@ -17,7 +17,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Collection, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +28,7 @@ from glimmer.cancellation import CancelToken
 from glimmer.engine.call_length import fewest_call_tokens
 from glimmer.engine.detokenizer import IncrementalDetokenizer
 from glimmer.engine.outputs import StepDelta
+from glimmer.engine.prompt_parts import MessageGroup
 from glimmer.engine.sampler import TokenLogprobs
 from glimmer.engine.sampling_params import SamplingParams
 from glimmer.errors import ContextLengthError, ForcedCallContextError, RequestError
@@ -248,7 +249,7 @@ def _limit_named_as_sent(request: ChatCompletionRequest) -> Iterator[None]:
 async def _prepared_run(raw_request: Request, context: ServingContext, request: ChatCompletionRequest, arrival: float,
                         choices: Callable[[ChatPrompt, SamplingParams], list[ChoiceStream]],
                         named_for: str | None = None,
-                        groups: Mapping[str, Collection[int]] | None = None) -> ChatRun:
+                        groups: Mapping[str, MessageGroup] | None = None) -> ChatRun:
     """The run of a chat request, rendered and truncated, named by the client's request id where it sent one (the
     engine's id then unique to it: requests in flight may share the client's); `named_for`: the id of the response
     the run makes (a Responses request's), which then names the engine's request instead; `groups`: messages a
@@ -295,7 +296,7 @@ async def _prepared_run(raw_request: Request, context: ServingContext, request: 
 
 async def start_chat_run(raw_request: Request, context: ServingContext, request: ChatCompletionRequest,
                          arrival: float, named_for: str | None = None, *, mark_messages: bool = False,
-                         groups: Mapping[str, Collection[int]] | None = None
+                         groups: Mapping[str, MessageGroup] | None = None
                          ) -> tuple[ChatRun, StepDelta, AsyncIterator[StepDelta]]:
     """Render, submit and wait for the first delta. Raises before any output: an invalid request (400), an
     overloaded or stopped engine, or a client that left (the request is then aborted). `named_for`: the id of the

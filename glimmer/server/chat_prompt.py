@@ -16,10 +16,10 @@ own `chat_template` replaces the checkpoint's only where the operator trusts req
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, wait
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from anyio import CapacityLimiter
@@ -38,7 +38,7 @@ from glimmer.engine.chat_rendering import (
     render_conversation,
 )
 from glimmer.engine.grammar import ControllerFactory, chat_answer_grammar, check_tool_parameters
-from glimmer.engine.prompt_parts import prompt_text_parts, removable_parts
+from glimmer.engine.prompt_parts import MessageGroup, prompt_text_parts, removable_parts
 from glimmer.engine.sampling_params import StructuredOutputsParams
 from glimmer.engine.sequence import MultimodalItem
 from glimmer.errors import PromptPart, PromptTextTooLongError, RequestError
@@ -76,7 +76,7 @@ class ChatPrompt:
 
 def build_chat_prompt(request: ChatCompletionRequest, context: ServingContext,
                       cancel: CancelToken | None = None,
-                      groups: Mapping[str, Collection[int]] | None = None) -> ChatPrompt:
+                      groups: Mapping[str, MessageGroup] | None = None) -> ChatPrompt:
     """Raises RequestError (400 naming the field), ChatTemplateError (400 with the template's message), or
     Cancelled once `cancel` is cancelled (checked between media items and frames). `groups`: messages a refusal of a
     prompt too long measures together (`prompt_parts`)."""
@@ -86,7 +86,7 @@ def build_chat_prompt(request: ChatCompletionRequest, context: ServingContext,
 
 
 def _built_chat_prompt(request: ChatCompletionRequest, context: ServingContext, cancel: CancelToken | None,
-                       prefix: int | None, groups: Mapping[str, Collection[int]] | None) -> ChatPrompt:
+                       prefix: int | None, groups: Mapping[str, MessageGroup] | None) -> ChatPrompt:
     settings = context.settings
     _refuse_rendering_fields_in_kwargs(request.chat_template_kwargs or {})  # the defaults' were checked at start
     # the server's defaults under the request's own (vLLM's --default-chat-template-kwargs)
@@ -173,7 +173,7 @@ def _naming_the_prefix(request: ChatCompletionRequest, prefix: int | None) -> It
 
 
 def prompt_parts(messages: list[dict[str, Any]], prompt: ChatPrompt, context: ServingContext,
-                 groups: Mapping[str, Collection[int]] | None = None) -> list[PromptPart]:
+                 groups: Mapping[str, MessageGroup] | None = None) -> list[PromptPart]:
     """The tokens each part of a chat request made of its prompt, to say which made it too long: `tools`,
     `chat_template_kwargs`, each system message (`messages[i]`; more than four together, `system messages`) and each
     of `groups` (messages by index, under a name: /v1/responses' `previous_response_id`; their images and videos
@@ -189,7 +189,7 @@ def prompt_parts(messages: list[dict[str, Any]], prompt: ChatPrompt, context: Se
         return []
     _, parts = measured
     media_tokens = {"image": 0, "video": 0}
-    group_of = {i: name for name, indices in (groups or {}).items() for i in indices}
+    group_of = {i: name for name, group in (groups or {}).items() for i in group.indices}
     group_media = dict.fromkeys(groups or {}, 0)  # a group's images and videos count in its part
     for (_, path, _), item in zip(media_parts(messages), prompt.multimodal, strict=True):
         group = group_of.get(int(path.removeprefix("messages[").partition("]")[0]))
@@ -197,8 +197,8 @@ def prompt_parts(messages: list[dict[str, Any]], prompt: ChatPrompt, context: Se
             group_media[group] += item.span[1] - item.span[0]
         else:
             media_tokens[item.kind] += item.span[1] - item.span[0]
-    parts = [PromptPart(part.name, part.size + group_media[part.name], part.param) if part.name in group_media
-             else part for part in parts]
+    parts = [replace(part, size=part.size + group_media[part.name]) if part.name in group_media else part
+             for part in parts]
     parts += [PromptPart("images", media_tokens["image"], "messages"),
               PromptPart("videos", media_tokens["video"], "messages")]
     parts.append(PromptPart("messages", len(prompt.token_ids) - sum(max(part.size, 0) for part in parts), "messages"))

@@ -44,6 +44,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from glimmer.engine.prompt_parts import MessageGroup
 from glimmer.errors import ContextLengthError, RequestError
 from glimmer.multimodal.sources import IMAGE_DETAILS, empty_url_error, image_detail_error
 from glimmer.protocol.request_normalization import refusal_part_text, tool_results_in_call_order
@@ -101,11 +102,13 @@ def responses_error(error: RequestError, sources: list[MessageSource]) -> Reques
     return error.with_message(message, renamed)
 
 
-def continued_messages(sources: list[MessageSource]) -> dict[str, list[int]]:
+def continued_messages(sources: list[MessageSource]) -> dict[str, MessageGroup]:
     """The chat messages (by index) of the responses previous_response_id continues, as a part a refusal of a prompt
-    too long measures apart (`prompt_parts`' groups): a short input after a long conversation was "shorten the
-    input", which could not help."""
-    return {_CHAIN: [i for i, source in enumerate(sources) if source.path == _CHAIN]}
+    too long measures apart (`prompt_parts`' groups) with how to leave it: a short input after a long conversation
+    was "shorten the input", which could not help."""
+    return {_CHAIN: MessageGroup([i for i, source in enumerate(sources) if source.path == _CHAIN],
+                                 fix="continue an earlier response, or send a shorter conversation as input without "
+                                     "previous_response_id")}
 
 
 def _counting_the_chain(error: MediaLimitError, sources: list[MessageSource]) -> RequestError:

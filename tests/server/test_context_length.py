@@ -208,3 +208,16 @@ def test_the_refusal_is_recognised_by_the_phrase_litellm_matches():
                   ContextLengthError(LIMIT, LIMIT + 1, parts=[PromptPart("tools", LIMIT, "tools")])):
         assert "this model's maximum context length is" in str(error).lower()
         assert error.code == "context_length_exceeded"
+
+
+def test_a_part_carries_its_own_fix_and_the_refusal_gives_it():
+    """The fix for the conversation previous_response_id continues was a /v1/responses name spelt in the shared
+    errors module, which LLM and the engine use: the part (built by the server) carries it now, and a part named so
+    without one gets the fix every removable part gets."""
+    fix = "continue an earlier response"
+    continued = PromptPart("previous_response_id", LIMIT, "previous_response_id", fix=fix)
+    for error in (ContextLengthError(LIMIT, LIMIT + 1, parts=[continued]),
+                  ContextLengthError(LIMIT, 8, LIMIT, parts=[continued])):
+        assert str(error).endswith(fix), error
+    plain = ContextLengthError(LIMIT, LIMIT + 1, parts=[PromptPart("previous_response_id", LIMIT, "x")])
+    assert str(plain).endswith("shorten or remove previous_response_id"), plain
