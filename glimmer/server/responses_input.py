@@ -49,6 +49,7 @@ from glimmer.errors import ContextLengthError, RequestError
 from glimmer.multimodal.sources import IMAGE_DETAILS, empty_url_error, image_detail_error
 from glimmer.protocol.request_normalization import refusal_part_text, tool_results_in_call_order
 from glimmer.server.chat_prompt import MediaLimitError
+from glimmer.server.schemas import RESPONSES_NAMES_OF_CHAT_FIELDS
 
 _MESSAGE_ROLES = ("user", "system", "developer", "assistant")
 _TEXT_PARTS = ("input_text", "output_text", "text")
@@ -75,9 +76,6 @@ class MessageSource:
     content: str = "content"  # the item's field that became the message's content (a function_call_output's output)
 
 
-# chat fields that the Responses API names otherwise
-_RESPONSES_FIELDS = {"reasoning_effort": "reasoning.effort", "max_completion_tokens": "max_output_tokens",
-                     "max_tokens": "max_output_tokens", "messages": "input"}
 _MESSAGE_PARAM = re.compile(r"messages\[(\d+)\](?:\.tool_calls\[(\d+)\](?:\.function)?)?")
 
 
@@ -125,7 +123,7 @@ def _counting_the_chain(error: MediaLimitError, sources: list[MessageSource]) ->
 
 def _responses_field(param: str, sources: list[MessageSource]) -> str | None:
     """The Responses request's name of the chat field `param`; None where it is the same."""
-    renamed = _RESPONSES_FIELDS.get(param)
+    renamed = RESPONSES_NAMES_OF_CHAT_FIELDS.get(param)
     for chat_prefix in ("response_format.json_schema", "response_format"):  # text.format holds both levels
         if renamed is None and (param == chat_prefix or param.startswith(chat_prefix + ".")):
             renamed = "text.format" + param[len(chat_prefix):]

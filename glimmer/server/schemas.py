@@ -413,13 +413,29 @@ _UNION_FIELD_HINTS = {
 }
 
 
-# a field's name on another endpoint → its names here: Responses calls chat's max_tokens max_output_tokens, and
-# holds chat's reasoning_effort, response_format and verbosity in objects (OpenAI's 400 says they moved there)
-_RENAMED_FIELDS = {"max_tokens": ("max_output_tokens", "max_completion_tokens"),
-                   "max_completion_tokens": ("max_tokens", "max_output_tokens"),
-                   "max_output_tokens": ("max_completion_tokens", "max_tokens"),
-                   "reasoning_effort": ("reasoning.effort",), "response_format": ("text.format",),
-                   "verbosity": ("text.verbosity",)}
+# chat fields the Responses API names otherwise: it calls chat's limit max_output_tokens and holds reasoning_effort,
+# response_format and verbosity in objects (OpenAI's 400 says they moved there); a Responses error names its own
+# (`responses_input.responses_error`), and an unknown field sent to either gets the other's hint (`_did_you_mean`)
+RESPONSES_NAMES_OF_CHAT_FIELDS = {"messages": "input", "max_completion_tokens": "max_output_tokens",
+                                  "max_tokens": "max_output_tokens", "reasoning_effort": "reasoning.effort",
+                                  "response_format": "text.format", "verbosity": "text.verbosity"}
+
+
+def _renamed_fields() -> dict[str, tuple[str, ...]]:
+    """A field's name on another endpoint → its names here, in the order a hint prefers them: chat's and Responses'
+    names of one field both ways (`RESPONSES_NAMES_OF_CHAT_FIELDS`; a Responses object by its top-level field), and
+    /v1/completions' max_tokens for chat's max_completion_tokens. `messages` is left to `_posted_to_another_endpoint`
+    (a body posted to the wrong endpoint)."""
+    renamed: dict[str, list[str]] = {"max_completion_tokens": ["max_tokens"]}
+    for chat, responses in RESPONSES_NAMES_OF_CHAT_FIELDS.items():
+        if chat != "messages":
+            renamed.setdefault(chat, []).append(responses)
+            renamed.setdefault(responses.split(".")[0], []).append(chat)
+    return {name: tuple(names) for name, names in renamed.items()}
+
+
+_RENAMED_FIELDS = _renamed_fields()
+_RESPONSES_OBJECTS = {name.split(".")[0] for name in RESPONSES_NAMES_OF_CHAT_FIELDS.values() if "." in name}
 
 
 # the field that carries a request's input on each endpoint: a body missing its own and sending another's was posted
@@ -445,6 +461,8 @@ def _did_you_mean(name: str, fields: Collection[str]) -> str:
     """' (did you mean FIELD?)' for an unknown top-level field that is another endpoint's name of one of `fields` or
     a misspelling of one; '' otherwise."""
     renamed = [field for field in _RENAMED_FIELDS.get(name, ()) if field.split(".")[0] in fields]
+    if name in _RESPONSES_OBJECTS and renamed:  # `text` holds what chat sends as two fields
+        return f" (did you mean {' or '.join(renamed)}?)"
     close = renamed or difflib.get_close_matches(name, list(fields), n=1, cutoff=0.8)
     return f" (did you mean {close[0]}?)" if close else ""
 

@@ -186,6 +186,8 @@ def test_a_field_of_another_endpoint_is_an_unknown_field(server, path, fields, p
     ("/responses", {"verbosity": "medium"}, "text.verbosity"),
     ("/completions", {"max_completion_tokens": 3}, "max_tokens"),
     ("/chat/completions", {"temprature": 0}, "temperature"),
+    ("/chat/completions", {"max_output_tokens": 5}, "max_completion_tokens"),  # the same names, the other way
+    ("/chat/completions", {"text": {"verbosity": "low"}}, "response_format or verbosity"),
 ])
 def test_an_unknown_field_names_the_field_it_likely_meant(server, path, fields, meant):
     """`max_tokens` on /v1/responses was refused as an unknown field without naming `max_output_tokens`; so were
