@@ -130,7 +130,9 @@ def open_compressed_tensors(path: Path, raw: dict[str, Any], *, weights: bool = 
 def refuse_unmarked_packed_weights(path: Path, files: SafetensorsCheckpoint) -> None:
     """Refuse a directory whose weights are compressed-tensors packed ones but whose config.json has no
     `quantization_config` (a tool that rewrote the config dropped it): read as a plain checkpoint, every quantized
-    Linear would be missing and its packed tensors unexpected, blaming the layout. Returns where none is packed."""
+    Linear would be missing and its packed tensors unexpected, blaming the layout; GPTQ or AWQ packed weights, whose
+    scheme lies in a file of their own, are refused too. Returns where none is packed."""
+    _refuse_gptq_or_awq_weights(path, files)
     packed = sorted(name for name in files.tensors if name.endswith(f".{_PACKED}"))
     if packed:
         more = f" and {len(packed) - 1} more" if len(packed) > 1 else ""
@@ -138,6 +140,22 @@ def refuse_unmarked_packed_weights(path: Path, files: SafetensorsCheckpoint) -> 
             f"{path / 'config.json'} has no quantization_config, but the weights are compressed-tensors packed ones "
             f"({packed[0]}{more}, with their {_SCALE} and {_GLOBAL}); restore the config.json published with the "
             "checkpoint (its quantization_config says how they are packed), or load the unquantized checkpoint")
+
+
+def _refuse_gptq_or_awq_weights(path: Path, files: SafetensorsCheckpoint) -> None:
+    """Refuse a directory of GPTQ or AWQ packed weights (each Linear's `qweight`, `qzeros` and `scales` in place of
+    its weight): AutoGPTQ describes them in quantize_config.json and AutoAWQ in quant_config.json, not in config.json,
+    so read as a plain checkpoint every Linear would be missing and the tensor names blamed on another model."""
+    packed = sorted(name for name in files.tensors if name.endswith(".qweight"))
+    if not packed:
+        return
+    more = f" and {len(packed) - 1} more" if len(packed) > 1 else ""
+    settings = [name for name in ("quantize_config.json", "quant_config.json") if (path / name).is_file()]
+    described = f"; {settings[0]} describes them" if settings else ""
+    raise CheckpointError(
+        f"{path} holds GPTQ or AWQ packed weights ({packed[0]}{more}, with their qzeros and scales{described}), which "
+        f"Glimmer does not read: load the unquantized (bf16) checkpoint, the compressed-tensors {SCHEME.split()[0]} "
+        "release or a GGUF")
 
 
 def read_quantization_config(spec: Any, source: str) -> tuple[str, ...]:

@@ -304,6 +304,35 @@ def test_packed_weights_whose_config_lost_its_quantization_config_name_the_key(n
         load_model(tmp_path / "unmarked", progress=False)
 
 
+@pytest.mark.parametrize("scheme", ["gptq", "awq"])
+def test_gptq_or_awq_packed_weights_without_a_quantization_config_are_refused_naming_the_scheme(
+        tiny_checkpoint, tmp_path, scheme):
+    # AutoGPTQ writes its scheme to quantize_config.json (AutoAWQ to quant_config.json), not to config.json: each
+    # Linear is qweight (int32, eight 4-bit codes a word), qzeros and scales (GPTQ adds g_idx) in place of weight
+    shutil.copytree(tiny_checkpoint, tmp_path / scheme)
+    state = load_file(str(tmp_path / scheme / "model.safetensors"))
+    packed = {}
+    for name, tensor in state.items():
+        module = name.removesuffix(".weight")
+        if name.endswith(".weight") and any(module.endswith(linear) for linear in LINEARS):
+            rows, columns = tensor.shape
+            packed[f"{module}.qweight"] = torch.zeros(columns // 8, rows, dtype=torch.int32)
+            packed[f"{module}.qzeros"] = torch.zeros(1, rows // 8, dtype=torch.int32)
+            packed[f"{module}.scales"] = torch.ones(1, rows, dtype=torch.float16)
+            if scheme == "gptq":
+                packed[f"{module}.g_idx"] = torch.zeros(columns, dtype=torch.int32)
+        else:
+            packed[name] = tensor
+    save_file(packed, str(tmp_path / scheme / "model.safetensors"))
+    settings = "quantize_config.json" if scheme == "gptq" else "quant_config.json"
+    (tmp_path / scheme / settings).write_text(json.dumps({"bits": 4, "group_size": 128}))
+    with pytest.raises(CheckpointError, match=(
+            rf"{scheme} holds GPTQ or AWQ packed weights \(model\.language_model\.layers\.0\.mlp\.down_proj\.qweight "
+            rf"and 63 more, with their qzeros and scales; {settings} describes them\), which Glimmer does not read: "
+            r"load the unquantized \(bf16\) checkpoint, the compressed-tensors NVFP4 release or a GGUF")):
+        load_model(tmp_path / scheme, progress=False)
+
+
 def test_make_tiny_quantize_nvfp4_writes_what_the_reference_quantizer_writes(tmp_path):
     from glimmer.cli import main
 
