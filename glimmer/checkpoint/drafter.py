@@ -233,6 +233,10 @@ class DrafterCheckpoint:
             raise ConfigError(message) from None
 
 
+# the names a quantizer gives a Linear's packed codes in place of its weight (compressed-tensors; GPTQ and AWQ)
+_PACKED_SUFFIXES = (".weight_packed", ".qweight")
+
+
 def open_drafter_checkpoint(
     path: str | os.PathLike, *, mask_token_id: Callable[[], int], weights: bool = True
 ) -> DrafterCheckpoint:
@@ -289,7 +293,21 @@ def open_drafter_checkpoint(
         return DrafterCheckpoint(config, TorchFileTensors(native) if weights else None, DRAFTER_NATIVE, native)
     _check_rope_flag(raw or {}, config_path, DRAFTER_CANONICAL)
     files = SafetensorsCheckpoint(directory) if weights else None
+    if files is not None:
+        _refuse_packed_weights(config_path, files)
     return DrafterCheckpoint(config, files, DRAFTER_CANONICAL, directory)
+
+
+def _refuse_packed_weights(config_path: Path, files: SafetensorsCheckpoint) -> None:
+    """Refuse a drafter whose weights are packed by a quantizer (compressed-tensors' `weight_packed`, GPTQ's or AWQ's
+    `qweight`) though its config.json has no quantization_config: read as it is, every Linear would be missing and
+    its packed tensors blamed on another model's names."""
+    packed = sorted(name for name in files.tensors if name.endswith(_PACKED_SUFFIXES))
+    if packed:
+        more = f" and {len(packed) - 1} more" if len(packed) > 1 else ""
+        raise CheckpointError(f"{files.directory} holds quantized weights ({packed[0]}{more}) though its "
+                              f"{config_path.name} has no quantization_config: quantized drafters are not supported "
+                              "yet; use the unquantized (bf16) drafter")
 
 
 def _refuse_two_weight_sets(directory: Path, native: Path) -> None:

@@ -177,6 +177,29 @@ def test_a_null_quantization_config_is_read_silently(target, tmp_path):
     assert _load(path, target).config.warnings == ()
 
 
+def test_nvfp4_packed_weights_without_a_quantization_config_are_refused_as_a_quantized_drafter(target, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from glimmer.checkpoint.compressed_tensors import quantize_nvfp4
+
+    path = write_tiny_drafter(tmp_path / "d", target)
+    state = load_file(str(path / "model.safetensors"))
+    packed = {}
+    for name, tensor in state.items():
+        if name.endswith("_proj.weight"):
+            module = name.removesuffix(".weight")
+            packed[f"{module}.weight_packed"], packed[f"{module}.weight_scale"], packed[
+                f"{module}.weight_global_scale"] = quantize_nvfp4(tensor)
+        else:
+            packed[name] = tensor
+    save_file(packed, str(path / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=(
+            r"holds quantized weights \(layers\.0\.mlp\.down_proj\.weight_packed and 13 more\) though its config\.json "
+            r"has no quantization_config: quantized drafters are not supported yet; use the unquantized \(bf16\) "
+            r"drafter")):
+        _load(path, target)
+
+
 def test_weights_that_do_not_match_the_config_are_refused(target, tmp_path):
     path = write_tiny_drafter(tmp_path / "d", target)
     _edit_config(path, intermediate_size=64)
