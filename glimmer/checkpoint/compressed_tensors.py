@@ -136,6 +136,13 @@ def refuse_unmarked_packed_weights(path: Path, files: SafetensorsCheckpoint) -> 
     packed = sorted(name for name in files.tensors if name.endswith(f".{_PACKED}"))
     if packed:
         more = f" and {len(packed) - 1} more" if len(packed) > 1 else ""
+        dtype = files.tensors[packed[0]].dtype
+        if dtype != "U8":  # pack-quantized integers (int32 words) or another packing: no config would make them read
+            raise CheckpointError(
+                f"{path / 'config.json'} has no quantization_config, but the weights are compressed-tensors packed "
+                f"ones of another scheme than NVFP4 ({packed[0]}{more}, of dtype {dtype} where NVFP4 packs U8), which "
+                f"Glimmer does not read: load the unquantized (bf16) checkpoint, the compressed-tensors NVFP4 release "
+                "or a GGUF")
         raise CheckpointError(
             f"{path / 'config.json'} has no quantization_config, but the weights are compressed-tensors packed ones "
             f"({packed[0]}{more}, with their {_SCALE} and {_GLOBAL}); restore the config.json published with the "

@@ -333,6 +333,31 @@ def test_gptq_or_awq_packed_weights_without_a_quantization_config_are_refused_na
         load_model(tmp_path / scheme, progress=False)
 
 
+def test_int4_pack_quantized_weights_without_a_quantization_config_are_refused_as_such(tiny_checkpoint, tmp_path):
+    # compressed-tensors' pack-quantized W4A16 (int4): eight codes an int32 word, a scale per group and the weight's
+    # shape, no global scale; the config that says so was dropped, and restoring it would be refused too
+    shutil.copytree(tiny_checkpoint, tmp_path / "int4")
+    state = load_file(str(tmp_path / "int4" / "model.safetensors"))
+    packed = {}
+    for name, tensor in state.items():
+        module = name.removesuffix(".weight")
+        if name.endswith(".weight") and any(module.endswith(linear) for linear in LINEARS):
+            rows, columns = tensor.shape
+            packed[f"{module}.weight_packed"] = torch.zeros(rows, columns // 8, dtype=torch.int32)
+            packed[f"{module}.weight_scale"] = torch.ones(rows, columns // 32, dtype=torch.bfloat16)
+            packed[f"{module}.weight_shape"] = torch.tensor([rows, columns])
+        else:
+            packed[name] = tensor
+    save_file(packed, str(tmp_path / "int4" / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=(
+            r"int4/config\.json has no quantization_config, but the weights are compressed-tensors packed ones of "
+            r"another scheme than NVFP4 \(model\.language_model\.layers\.0\.mlp\.down_proj\.weight_packed and 63 "
+            r"more, of dtype I32 where NVFP4 packs U8\), which Glimmer does not read: load the unquantized \(bf16\) "
+            r"checkpoint, the compressed-tensors NVFP4 release or a GGUF")) as refused:
+        load_model(tmp_path / "int4", progress=False)
+    assert "weight_global_scale" not in str(refused.value)
+
+
 def test_make_tiny_quantize_nvfp4_writes_what_the_reference_quantizer_writes(tmp_path):
     from glimmer.cli import main
 
