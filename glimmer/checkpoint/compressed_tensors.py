@@ -66,6 +66,9 @@ DEQUANTIZE_CHUNK_VALUES = 1 << 22
 _PACKED, _SCALE, _GLOBAL = "weight_packed", "weight_scale", "weight_global_scale"
 _DROPPED_SUFFIXES = (".input_global_scale", ".input_scale")
 _FLOAT_GLOBAL_DTYPES = ("F32", "F16", "BF16")
+# compressed-tensors' FP8 and INT8 weights: stored as `weight` in 8 bits beside a scale of one of these names
+_8_BIT_DTYPES = ("F8_E4M3", "F8_E5M2", "I8")
+_8_BIT_SCALES = ("weight_scale", "weight_scale_inv")
 _DTYPE_BYTES = {"U8": 1, "F8_E4M3": 1, "F32": 4, "F16": 2, "BF16": 2}
 # the text decoder's Linear layers, the only modules that may be quantized
 _TEXT_LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
@@ -131,8 +134,10 @@ def refuse_unmarked_packed_weights(path: Path, files: SafetensorsCheckpoint) -> 
     """Refuse a directory whose weights are compressed-tensors packed ones but whose config.json has no
     `quantization_config` (a tool that rewrote the config dropped it): read as a plain checkpoint, every quantized
     Linear would be missing and its packed tensors unexpected, blaming the layout; GPTQ or AWQ packed weights, whose
-    scheme lies in a file of their own, are refused too. Returns where none is packed."""
+    scheme lies in a file of their own, and FP8 or INT8 weights beside their scales are refused too. Returns where
+    none is packed."""
     _refuse_gptq_or_awq_weights(path, files)
+    _refuse_eight_bit_weights(path, files)
     packed = sorted(name for name in files.tensors if name.endswith(f".{_PACKED}"))
     if packed:
         more = f" and {len(packed) - 1} more" if len(packed) > 1 else ""
@@ -163,6 +168,22 @@ def _refuse_gptq_or_awq_weights(path: Path, files: SafetensorsCheckpoint) -> Non
         f"{path} holds GPTQ or AWQ packed weights ({packed[0]}{more}, with their qzeros and scales{described}), which "
         f"Glimmer does not read: load the unquantized (bf16) checkpoint, the compressed-tensors {SCHEME.split()[0]} "
         "release or a GGUF")
+
+
+def _refuse_eight_bit_weights(path: Path, files: SafetensorsCheckpoint) -> None:
+    """Refuse FP8 or INT8 weights beside their scales (compressed-tensors' float- and int-quantized formats keep the
+    name `weight`; DeepSeek-style FP8 blocks name the scale `weight_scale_inv`) under a config.json without
+    `quantization_config`: read as a plain checkpoint, each scale would be blamed on another model's names."""
+    quantized = sorted((name, scale) for name, info in files.tensors.items()
+                       if name.endswith(".weight") and info.dtype in _8_BIT_DTYPES
+                       for scale in _8_BIT_SCALES if f"{name.removesuffix('.weight')}.{scale}" in files.tensors)
+    if quantized:
+        (name, scale), more = quantized[0], len(quantized) - 1
+        raise CheckpointError(
+            f"{path / 'config.json'} has no quantization_config, but the weights are 8-bit quantized ones ({name} of "
+            f"dtype {files.tensors[name].dtype} beside its {scale}" + (f", and {more} more" if more else "") + "), "
+            f"which Glimmer does not read: load the unquantized (bf16) checkpoint, the compressed-tensors "
+            f"{SCHEME.split()[0]} release or a GGUF")
 
 
 def read_quantization_config(spec: Any, source: str) -> tuple[str, ...]:

@@ -358,6 +358,32 @@ def test_int4_pack_quantized_weights_without_a_quantization_config_are_refused_a
     assert "weight_global_scale" not in str(refused.value)
 
 
+@pytest.mark.parametrize(("dtype", "stored", "scale"), [(torch.float8_e4m3fn, "F8_E4M3", "weight_scale"),
+                                                       (torch.int8, "I8", "weight_scale"),
+                                                       (torch.float8_e4m3fn, "F8_E4M3", "weight_scale_inv")])
+def test_fp8_or_int8_weights_without_a_quantization_config_are_refused_as_such(tiny_checkpoint, tmp_path, dtype,
+                                                                               stored, scale):
+    # compressed-tensors' float-quantized (FP8) and int-quantized (W8A8) Linears keep their name `weight`, in 8 bits,
+    # beside a `weight_scale` (DeepSeek-style FP8 blocks: `weight_scale_inv`); the config that says so was dropped
+    shutil.copytree(tiny_checkpoint, tmp_path / "w8")
+    state = load_file(str(tmp_path / "w8" / "model.safetensors"))
+    quantized = {}
+    for name, tensor in state.items():
+        module = name.removesuffix(".weight")
+        if name.endswith(".weight") and any(module.endswith(linear) for linear in LINEARS):
+            quantized[name] = tensor.clamp(-1, 1).to(dtype)
+            quantized[f"{module}.{scale}"] = torch.ones(tensor.shape[0], 1)
+        else:
+            quantized[name] = tensor
+    save_file(quantized, str(tmp_path / "w8" / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=(
+            rf"w8/config\.json has no quantization_config, but the weights are 8-bit quantized ones "
+            rf"\(model\.language_model\.layers\.0\.mlp\.down_proj\.weight of dtype {stored} beside its {scale}, and "
+            r"63 more\), which Glimmer does not read: load the unquantized \(bf16\) checkpoint, the "
+            r"compressed-tensors NVFP4 release or a GGUF")):
+        load_model(tmp_path / "w8", progress=False)
+
+
 def test_make_tiny_quantize_nvfp4_writes_what_the_reference_quantizer_writes(tmp_path):
     from glimmer.cli import main
 
