@@ -23,7 +23,7 @@ from glimmer.engine import kv_planner
 from glimmer.engine.llm_engine import EngineConfig, LLMEngine
 from glimmer.engine.model_loader import load_drafter, load_model
 from glimmer.errors import ConfigError
-from glimmer.tiny import write_tiny_drafter
+from glimmer.tiny import write_tiny_checkpoint, write_tiny_drafter
 
 GIB = 1 << 30
 KB_PER_GIB = 1 << 20
@@ -300,3 +300,14 @@ def test_serving_the_30b_geometry_on_a_small_cpu_fails_with_one_line(tmp_path):
     errors = [line for line in output.strip().splitlines() if not line.startswith("INFO ")]
     assert len(errors) == 1 and "Traceback" not in output, output
     assert "GiB as float32 on the CPU" in errors[0]
+
+
+def test_quantized_weights_that_do_not_fit_once_dequantized_are_refused_saying_so(host, tmp_path):
+    """An NVFP4 checkpoint of 18 GB on disk was told its weights need 111 GiB, with no word of why: its weights are
+    dequantized on load, which the refusal now says beside their size on disk."""
+    path = write_tiny_checkpoint(tmp_path / "nvfp4", quantize="nvfp4")
+    host.meminfo(mem_kb=1)
+    with pytest.raises(ConfigError, match=(
+            r"^the model's weights need \d+\.\d MiB as float32 on the CPU \(its NVFP4 W4A16 weights, [\d,]+ bytes on "
+            r"disk, are dequantized to float32 when they load\), more than this machine's ")):
+        load_model(path, progress=False)
