@@ -219,6 +219,10 @@ def read_quantization_config(spec: Any, source: str) -> tuple[str, ...]:
         if value:
             raise CheckpointError(f"{source}: {name}.{key} is set ({what}), which Glimmer does not read; use a "
                                   f"checkpoint quantized to {SCHEME} alone")
+    ignore = spec.get("ignore")  # which modules are quantized is read from the tensors; the list is only checked
+    if ignore is not None and not (isinstance(ignore, list) and all(isinstance(item, str) for item in ignore)):
+        raise CheckpointError(f"{source}: {name}.ignore={ignore!r} is invalid; expected a list of module names or "
+                              "'re:' patterns (such as ['lm_head', 're:.*vision.*']), or null")
     groups = spec.get("config_groups")
     if not isinstance(groups, Mapping) or not groups:
         raise CheckpointError(f"{source}: {name}.config_groups must be a non-empty JSON object of quantization "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import shutil
 
 import pytest
@@ -479,6 +480,16 @@ def _group(**weights):
 
 MXFP4 = {"targets": ["Linear"], "format": "mxfp4-pack-quantized",
          "weights": dict(NVFP4_WEIGHTS, group_size=32, strategy="group")}
+
+
+@pytest.mark.parametrize("ignore", ["lm_head", {"lm_head": True}, ["lm_head", 3]])
+def test_an_ignore_list_that_is_no_list_of_module_names_is_refused_naming_it(make_tiny, tmp_path, ignore):
+    # compressed-tensors reads `ignore` as a list of names or re: patterns; a string was taken as it stood
+    write_nvfp4(make_tiny(), tmp_path / "ignore", config_edit=lambda c: c.update(ignore=ignore))
+    with pytest.raises(CheckpointError, match=(
+            rf"quantization_config\.ignore={re.escape(repr(ignore))} is invalid; expected a list of module names or "
+            r"'re:' patterns \(such as \['lm_head', 're:\.\*vision\.\*'\]\), or null")):
+        load_model(tmp_path / "ignore", progress=False)
 
 
 @pytest.mark.parametrize(("edit", "said"), [
