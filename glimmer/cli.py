@@ -21,7 +21,7 @@ import sys
 from collections.abc import Callable, Container, Iterator, Mapping, Sequence
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any, BinaryIO, TextIO
+from typing import Any, TextIO
 from urllib.parse import urlsplit
 
 from glimmer.default_model import DEFAULT_MODEL_BLURB, DEFAULT_MODEL_NAME, EMBEDDED_MODEL_NAMES
@@ -655,6 +655,7 @@ def _serve(args: argparse.Namespace, sigterm: SigtermWatch) -> int:
 def _run_batch(args: argparse.Namespace, sigterm: SigtermWatch) -> int:
     """`glimmer run-batch` with SIGTERM raising Terminated (a batch running stops as Ctrl-C stops it)."""
     from glimmer.engine.vllm_arguments import VLLM_RUN_BATCH_ARGUMENTS
+    from glimmer.server.batch import parse_batch_input
 
     _check_engine_options(args)
     _note_vllm_engine_options(args)  # before the output file is opened
@@ -663,12 +664,15 @@ def _run_batch(args: argparse.Namespace, sigterm: SigtermWatch) -> int:
     _refuse_a_model_taken_by_a_list_option(args, "run-batch")
     _check_media_options(args)
     _check_served_model_names(args)
+    try:  # an unreadable input before the model loads
+        lines = parse_batch_input(_read_batch_input(args.input_file))
+    except ValueError as error:
+        raise UsageError(f"--input-file {args.input_file}: {error}") from None
     shown = "stdout" if args.output_file == "-" else args.output_file
     output = None
-    try:  # an input that cannot be read is refused before the model loads
-        with _batch_input(args.input_file) as (lines, total), \
-                _batch_output(args.output_file, args.input_file) as output:
-            summary, engine = _run_batch_file(args, lines, total, sigterm, output)
+    try:
+        with _batch_output(args.output_file, args.input_file) as output:
+            summary, engine = _run_batch_file(args, lines, sigterm, output)
     except (Terminated, KeyboardInterrupt) as stop:
         by = "SIGTERM" if isinstance(stop, Terminated) else "Ctrl-C"
         if output is None or not output.started:  # the output is as it was: "stopped before the batch began"
@@ -690,10 +694,9 @@ def _records(count: int) -> str:
     return f"{count} record{'s' * (count != 1)}"
 
 
-def _run_batch_file(args: argparse.Namespace, lines: Iterator[bytes], total: int | None, sigterm: SigtermWatch,
+def _run_batch_file(args: argparse.Namespace, lines: list[Any], sigterm: SigtermWatch,
                     output: _BatchOutput) -> tuple[Any, Any]:
-    """Load the engine and run the input's `lines` (`total` request lines, where known) through the server's routes
-    into `output`, as they are read: (BatchSummary, engine). Raises
+    """Load the engine and run `lines` through the server's routes into `output`: (BatchSummary, engine). Raises
     Terminated when SIGTERM stops the loading (`output` not started) or the batch (it holds the records finished
     before it)."""
     import asyncio
@@ -701,7 +704,7 @@ def _run_batch_file(args: argparse.Namespace, lines: Iterator[bytes], total: int
     from tqdm import tqdm
 
     from glimmer.server.app import create_app
-    from glimmer.server.batch import read_batch_lines, run_batch
+    from glimmer.server.batch import run_batch
     from glimmer.server.json_text import one_line_json
     from glimmer.server.settings import ServerSettings
 
@@ -730,9 +733,9 @@ def _run_batch_file(args: argparse.Namespace, lines: Iterator[bytes], total: int
 
         output.start()
 
-        with tqdm(total=total, desc="run-batch", unit="req", file=sys.stderr) as bar:
-            summary = asyncio.run(_cancelled_by_sigterm(run_batch(app, read_batch_lines(lines), write,
-                                                                  max_in_flight=max_in_flight, on_done=bar.update)))
+        with tqdm(total=len(lines), desc="run-batch", unit="req", file=sys.stderr) as bar:
+            summary = asyncio.run(_cancelled_by_sigterm(run_batch(app, lines, write, max_in_flight=max_in_flight,
+                                                                  on_done=bar.update)))
     finally:
         engine.shutdown()
     return summary, engine
@@ -771,60 +774,18 @@ async def _cancelled_by_sigterm(work: Any) -> Any:
             signal.signal(signal.SIGTERM, previous)
 
 
-@contextlib.contextmanager
-def _batch_input(source: str) -> Iterator[tuple[Iterator[bytes], int | None]]:
-    """run-batch's --input-file (`-`: stdin), opened before the model loads: (its lines, read as the batch takes them,
-    and how many request lines it has where that is known up front: a file's, counted without parsing them; None for
-    stdin). UsageError when it cannot be opened or read, or its first bytes show UTF-16, UTF-32 or compressed data
-    (check_batch_file_start)."""
-    from glimmer.server.batch import check_batch_file_start, is_blank_line
-
+def _read_batch_input(source: str) -> bytes:
+    """The bytes of run-batch's --input-file (`-`: stdin); UsageError when they cannot be read."""
     _refuse_empty_argument(source, "--input-file", "give the batch file's path, or - for stdin")
     if source == "-" and sys.stdin is None:  # started with stdin closed (`<&-`): Python then has none
         raise UsageError("--input-file -: stdin is closed; give the batch file's path, or pipe the file in")
     if urlsplit(source).scheme in ("http", "https"):
         raise UsageError(f"--input-file {source}: reading a URL is not supported; download it (curl -o requests.jsonl "
                          "URL) and give its path, or pipe it in with --input-file -")
-    with _read_errors_named(source):
-        stream = sys.stdin.buffer if source == "-" else Path(source).expanduser().open("rb")
     try:
-        with _read_errors_named(source):
-            head = stream.read(16)
-            try:
-                check_batch_file_start(head)
-            except ValueError as error:
-                raise UsageError(f"--input-file {source}: {error}") from None
-            total = None
-            if stream is not sys.stdin.buffer:  # a file: counted, then read again from its start
-                stream.seek(0)
-                total = sum(not is_blank_line(raw) for raw in stream)
-                stream.seek(0)
-                head = b""
-        yield _lines_read(source, head, stream), total
-    finally:
-        if stream is not sys.stdin.buffer:
-            stream.close()
-
-
-@contextlib.contextmanager
-def _read_errors_named(source: str) -> Iterator[None]:
-    """An OSError reading run-batch's --input-file as the UsageError that names it."""
-    try:
-        yield
+        return sys.stdin.buffer.read() if source == "-" else Path(source).expanduser().read_bytes()
     except OSError as error:
         raise UsageError(f"--input-file {source}: {error.strerror or error}") from None
-
-
-def _lines_read(source: str, head: bytes, stream: BinaryIO) -> Iterator[bytes]:
-    """The lines of `stream`, after the `head` bytes already read from it (stdin, which cannot be read again), as a
-    binary file gives them; an OSError as the UsageError that names --input-file."""
-    with _read_errors_named(source):
-        if head:
-            *whole, last = (head + stream.readline()).split(b"\n")  # the head's lines, the last of them made whole
-            yield from (line + b"\n" for line in whole)
-            if last:  # the file's last line, without a newline
-                yield last
-        yield from stream
 
 
 class _BatchOutput:

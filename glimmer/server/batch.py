@@ -22,12 +22,10 @@ line (or its own) is an error record: it could only ever run before it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import re
-import threading
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,8 +58,7 @@ class BatchLine:
     error: dict[str, Any] | None = None
     makes: str | None = None  # the id of the stored response it makes (a /v1/responses body's `request_id`)
     continues: str | None = None  # the `previous_response_id` of a /v1/responses body
-    # the earlier line whose response it continues: (its index among the request lines, its line in the file)
-    after: tuple[int, int] | None = None
+    after: int | None = None  # the index (in the lines) of the earlier line whose response it continues
 
 
 @dataclass
@@ -76,42 +73,49 @@ class BatchSummary:
         return self.written - self.succeeded
 
 
-def check_batch_file_start(head: bytes) -> None:
-    """Raises ValueError for a batch file whose first bytes (`head`, 16 are enough) show it in UTF-16 or UTF-32, or
-    compressed (gzip, bzip2, xz, zstd), none of whose lines could run."""
-    wide = wide_text_encoding(head)
+def parse_batch_input(data: bytes) -> list[BatchLine]:
+    """The request lines of a batch input file, blank lines left out; a line that cannot run carries its error
+    object (it never stops the others). Raises ValueError for a file in UTF-16 or UTF-32, or compressed (gzip, bzip2,
+    xz, zstd), none of whose lines could."""
+    wide = wide_text_encoding(data)
     if wide is not None:
         raise ValueError(f"the file is {wide} text, not UTF-8, so none of its lines is JSON a batch runs (PowerShell's "
                          "`>` writes UTF-16); save it as UTF-8, e.g. `Out-File -Encoding utf8`, or `iconv -t UTF-8`")
-    compressed = next((name for start, name in _COMPRESSED_FILE_STARTS if start.match(head)), None)
+    compressed = next((name for start, name in _COMPRESSED_FILE_STARTS if start.match(data)), None)
     if compressed is not None:
         raise ValueError(f"the file is {compressed}-compressed, not JSON Lines text, so none of its lines is a "
                          f"request; decompress it first (`{compressed} -dk FILE`), or pipe it in: "
                          f"`{compressed} -dc FILE | glimmer run-batch ... --input-file -`")
-
-
-def is_blank_line(raw: bytes) -> bool:
-    """Whether a batch file's line is skipped: blank, a UTF-8 byte order mark at its start left out. The mark is no
-    part of a line's JSON: some editors write it at a file's start, and at a line's where files so written were
-    joined (`cat a b`)."""
-    return not raw.removeprefix(UTF8_BYTE_ORDER_MARK).strip()
-
-
-def read_batch_lines(raw_lines: Iterable[bytes]) -> Iterator[BatchLine]:
-    """The request lines of a batch file's lines (`raw_lines`, each with or without its newline, as a binary file
-    gives them), one at a time, blank lines left out; a line that cannot run carries its error object (it never
-    stops the others). Which earlier line a /v1/responses line continues is run_batch's to find."""
+    lines = []
     seen: dict[str, int] = {}  # custom_id → the line that named it first
-    for number, raw in enumerate(raw_lines, start=1):
-        if not is_blank_line(raw):
-            yield _parse_line(raw.removesuffix(b"\n").removeprefix(UTF8_BYTE_ORDER_MARK), number, seen)
+    for number, raw in enumerate(data.split(b"\n"), start=1):
+        # as some editors write at a file's start; at a line's, where files so written were joined (`cat a b`): the
+        # mark is no part of a line's JSON wherever it is
+        raw = raw.removeprefix(UTF8_BYTE_ORDER_MARK)
+        if not raw.strip():
+            continue
+        lines.append(_parse_line(raw, number, seen))
+    return _ordered_continuations(lines)
 
 
-def parse_batch_input(data: bytes) -> list[BatchLine]:
-    """The request lines of a whole batch file's bytes (check_batch_file_start's ValueError for a file none of whose
-    lines could run)."""
-    check_batch_file_start(data[:16])
-    return list(read_batch_lines(data.split(b"\n")))
+def _ordered_continuations(lines: list[BatchLine]) -> list[BatchLine]:
+    """`lines`, each that continues the response an earlier line makes knowing that line (`after`, the latest such
+    line before it), one that names the response of itself or a later line an error record. A line so refused still
+    counts as the maker of its response: a later line continuing it fails as after any line that failed."""
+    made_by = {}  # response id → index of the latest line so far that makes it
+    makers = {line.makes: line.number for line in reversed(lines) if line.makes is not None}  # the first line of each
+    for index, line in enumerate(lines):
+        if line.continues in made_by:
+            line.after = made_by[line.continues]
+        elif line.continues in makers:
+            lines[index] = _line_error(line.number, line.custom_id, "invalid_parameter",
+                                       f"body.previous_response_id {line.continues!r} is the response line "
+                                       f"{makers[line.continues]} makes (its request_id), which does not come before "
+                                       "this line: a line continues only the response of an earlier line, which it "
+                                       "runs after", "body.previous_response_id")
+        if line.makes is not None:
+            made_by[line.makes] = index
+    return lines
 
 
 def _line_error(number: int, custom_id: str | None, code: str, message: str, param: str | None = None) -> BatchLine:
@@ -204,17 +208,10 @@ def _object_members(text: str) -> dict[str, tuple[Any, str]]:
     return members
 
 
-async def run_batch(app: ASGIApp, lines: Iterable[BatchLine], write: Callable[[dict[str, Any]], None], *,
+async def run_batch(app: ASGIApp, lines: list[BatchLine], write: Callable[[dict[str, Any]], None], *,
                     max_in_flight: int, on_done: Callable[[], None] = lambda: None) -> BatchSummary:
-    """Run `lines` through `app`, at most `max_in_flight` requests at once, taking the next line only as a request
-    may start (a file of millions is read as it runs, its first requests started at once), and `write` each line's
-    record in input order as soon as the records before it are written; `on_done` is called as each line's record
-    is ready.
-
-    A /v1/responses line continuing the response an earlier line makes runs once that line's record is ready; one
-    continuing a response no earlier line makes waits, holding no place in flight, for a later line that makes it
-    (it is then an error record: it could only ever run before it) or for the end of the file (it then runs, and the
-    server says whether it knows the response).
+    """Run `lines` through `app`, at most `max_in_flight` requests at once, and `write` each line's record in input
+    order as soon as the records before it are written; `on_done` is called as each line's record is ready.
 
     Cancelled (Ctrl-C), it stops as a server's clients leave: the requests in flight see their client disconnect,
     so the engine aborts them, and no record is written after. Cancelling their handlers instead would break them
@@ -224,16 +221,15 @@ async def run_batch(app: ASGIApp, lines: Iterable[BatchLine], write: Callable[[d
     limit = asyncio.Semaphore(max_in_flight)
     stop = asyncio.Event()  # set: every request in flight sees its client leave
     failures: list[Exception] = []
-    made_by: dict[str, tuple[int, int]] = {}  # response id → (index, line) of the latest line so far that makes it
-    made: dict[int, asyncio.Future] = {}  # index of a line that makes a response → its record, once ready
-    unmade: dict[str, list[tuple[int, BatchLine]]] = {}  # response id → the lines continuing it, made by none so far
+    # the record of each line another continues, once ready: its response is stored by then
+    continued = {line.after: asyncio.get_running_loop().create_future() for line in lines if line.after is not None}
 
     def ready(index: int, record: dict[str, Any]) -> None:
         if stop.is_set():
             return
         records[index] = record
-        if index in made:
-            made[index].set_result(record)
+        if index in continued:
+            continued[index].set_result(record)
         on_done()
         while summary.written in records:
             written = records.pop(summary.written)
@@ -244,11 +240,11 @@ async def run_batch(app: ASGIApp, lines: Iterable[BatchLine], write: Callable[[d
     async def run(index: int, line: BatchLine) -> None:
         try:
             if line.after is not None:  # it holds its place in flight: the line it waits for is in flight before it
-                before = await _unless_stopped(made[line.after[0]], stop)
+                before = await _unless_stopped(continued[line.after], stop)
                 if before is None:
                     return
                 if before["error"] is not None:
-                    ready(index, _record(line.custom_id, 400, _failed_before(line, line.after[1])))
+                    ready(index, _record(line.custom_id, 400, _failed_before(line, lines[line.after])))
                     return
             ready(index, await _answer(app, line, stop))
         except Exception as error:  # writing the record failed (a full disk): the batch stops, saying why
@@ -258,48 +254,20 @@ async def run_batch(app: ASGIApp, lines: Iterable[BatchLine], write: Callable[[d
             limit.release()
 
     tasks: set[asyncio.Task] = set()
-
-    async def start(index: int, line: BatchLine) -> bool:
-        """Whether the batch goes on: `line` runs once a place in flight is free."""
-        await limit.acquire()  # a task only for a request that may start: a file of millions stays small
-        if stop.is_set():
-            return False
-        task = asyncio.ensure_future(run(index, line))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-        return True
-
     try:
-        index = -1
-        async for line in _read_in_a_thread(lines):
-            index += 1
-            if line.makes is not None:
-                made[index] = asyncio.get_running_loop().create_future()  # before its record can be ready
-                for waiting, earlier in unmade.pop(line.makes, []):  # the lines before it that continue its response
-                    ready(waiting, _record(earlier.custom_id, 400, _continues_a_later_line(earlier, line.number)))
-            runs = False
+        for index, line in enumerate(lines):
             if line.error is not None:
                 ready(index, _record(line.custom_id, 400, line.error))
-            elif line.continues is None:
-                runs = True
-            elif line.continues in made_by:
-                line.after, runs = made_by[line.continues], True
-            elif line.continues == line.makes:
-                ready(index, _record(line.custom_id, 400, _continues_a_later_line(line, line.number)))
-            else:
-                unmade.setdefault(line.continues, []).append((index, line))
-            if line.makes is not None:  # a line refused for its order still makes it: one continuing it fails after
-                made_by[line.makes] = (index, line.number)
-            if runs and not await start(index, line):
+                continue
+            await limit.acquire()  # a task only for a request that may start: a file of millions stays small
+            if stop.is_set():
                 break
-        else:
-            for waiting in unmade.values():  # no line of the file makes their response: the server answers them
-                for index, line in waiting:
-                    if not await start(index, line):
-                        break
+            task = asyncio.ensure_future(run(index, line))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
         if tasks:  # not gather, which would cancel them when cancelled itself
             await asyncio.wait(set(tasks))
-    except BaseException:  # cancelled (Ctrl-C), or the file could not be read further
+    except asyncio.CancelledError:
         stop.set()
         if tasks:
             await asyncio.wait(set(tasks))
@@ -307,41 +275,6 @@ async def run_batch(app: ASGIApp, lines: Iterable[BatchLine], write: Callable[[d
     if failures:
         raise failures[0]
     return summary
-
-
-READ_AHEAD_LINES = 64
-"""Lines run_batch's reader thread reads (and parses) ahead of the lines taken to run."""
-
-
-async def _read_in_a_thread(lines: Iterable[BatchLine]) -> AsyncIterator[BatchLine]:
-    """`lines`, read (and parsed) by a thread of their own, at most READ_AHEAD_LINES ahead: a read waiting on a pipe
-    (`-i -`) never holds up the requests in flight on the event loop. A daemon thread, not the loop's executor, which
-    asyncio.run joins as it ends: Ctrl-C while a producer piping the file in is idle would wait for its next line."""
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[Any] = asyncio.Queue()
-    room = threading.Semaphore(READ_AHEAD_LINES)
-    end = object()
-
-    def put(item: Any) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop has closed: the batch ended before the file did
-            loop.call_soon_threadsafe(queue.put_nowait, item)
-
-    def read() -> None:
-        try:
-            for line in lines:
-                room.acquire()
-                put(line)
-        except Exception as error:  # reading the file failed (an I/O error): the batch stops, saying why
-            put(error)
-        else:
-            put(end)
-
-    threading.Thread(target=read, name="run-batch-reader", daemon=True).start()
-    while (item := await queue.get()) is not end:
-        if isinstance(item, Exception):
-            raise item
-        room.release()
-        yield item
 
 
 async def _unless_stopped(record: asyncio.Future, stop: asyncio.Event) -> dict[str, Any] | None:
@@ -354,22 +287,12 @@ async def _unless_stopped(record: asyncio.Future, stop: asyncio.Event) -> dict[s
     return record.result() if record.done() and not stop.is_set() else None
 
 
-def _failed_before(line: BatchLine, before: int) -> dict[str, Any]:
-    """The error of `line`, not run: the line whose response it continues (line `before`) failed, so no such response
-    was stored."""
+def _failed_before(line: BatchLine, before: BatchLine) -> dict[str, Any]:
+    """The error of `line`, not run: the line whose response it continues failed, so no such response was stored."""
     return _line_error(line.number, line.custom_id, "previous_response_not_found",
-                       f"body.previous_response_id {line.continues!r} is the response line {before} makes, "
-                       f"and line {before} failed (see its record), so this line was not run",
+                       f"body.previous_response_id {line.continues!r} is the response line {before.number} makes, "
+                       f"and line {before.number} failed (see its record), so this line was not run",
                        "body.previous_response_id").error
-
-
-def _continues_a_later_line(line: BatchLine, maker: int) -> dict[str, Any]:
-    """The error of `line`, not run: the response it continues is the one line `maker` (itself, or a later line)
-    makes."""
-    return _line_error(line.number, line.custom_id, "invalid_parameter",
-                       f"body.previous_response_id {line.continues!r} is the response line {maker} makes (its "
-                       "request_id), which does not come before this line: a line continues only the response of an "
-                       "earlier line, which it runs after", "body.previous_response_id").error
 
 
 async def _answer(app: ASGIApp, line: BatchLine, stop: asyncio.Event) -> dict[str, Any]:

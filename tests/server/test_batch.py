@@ -277,20 +277,6 @@ def test_a_line_continuing_the_response_of_a_line_refused_for_its_order_fails_af
     assert "'resp-x' is the response line 1 makes, and line 1 failed" in last["message"]
 
 
-def test_a_line_continuing_a_response_no_line_makes_is_sent_once_the_file_ends():
-    """Read as it runs, a batch cannot know at a line whether a later line makes the response it continues: it is
-    sent to the server (which says whether it knows the response) once the file has ended with no such line, its
-    record in its place; the lines after it run meanwhile."""
-    app = _SlowApp()
-    records = _run(app, "\n".join([
-        _line("a", "/v1/responses", {"previous_response_id": "resp-stored-elsewhere"}),
-        _line("b", "/v1/responses", {"request_id": "resp-b"}),
-        _line("c", "/v1/responses", {"previous_response_id": "resp-b"})]))
-    assert [record["custom_id"] for record in records] == ["a", "b", "c"]
-    assert [record["response"]["body"]["echo"] for record in records] == [
-        {"previous_response_id": "resp-stored-elsewhere"}, {"request_id": "resp-b"}, {"previous_response_id": "resp-b"}]
-
-
 class _WaitingApp:
     """An ASGI app that, as the server's handlers do while a request generates, waits for its client to leave."""
 
@@ -323,61 +309,6 @@ def test_a_cancelled_batch_disconnects_its_requests_and_writes_no_more():
 
     asyncio.run(cancel_when_two_run())
     assert (app.started, app.disconnected, records) == (2, 2, [])
-
-
-def test_a_batch_reads_its_lines_as_requests_can_start():
-    """run-batch read and parsed the whole file before the first request started (16 s and 78 MB for a large file):
-    the lines are read as they can run, a few ahead, so that the first requests start at once and memory stays flat."""
-    from glimmer.server.batch import READ_AHEAD_LINES, read_batch_lines
-
-    app = _WaitingApp()
-    read = 0
-
-    def file_lines():
-        nonlocal read
-        for index in range(20_000):
-            read += 1
-            yield (_line(f"r{index}", "/v1/completions", {"prompt": "x"}) + "\n").encode()
-
-    async def cancel_when_two_run():
-        batch = asyncio.ensure_future(run_batch(app, read_batch_lines(file_lines()), print, max_in_flight=2))
-        while app.started < 2:
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(0.2)  # for the reader to run ahead as far as it would
-        batch.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await batch
-
-    asyncio.run(cancel_when_two_run())
-    assert app.started == 2 and read <= 2 + READ_AHEAD_LINES + 2
-
-
-def test_run_batch_answers_the_first_lines_of_stdin_before_it_ends(tiny_checkpoint, tmp_path):
-    """`producer | glimmer run-batch -i -` waited for the producer to end before running anything; the first lines
-    are answered while it still writes (the progress bar counts them), and the line numbers of errors still count
-    every line."""
-    out, err = tmp_path / "results.jsonl", tmp_path / "stderr.txt"
-    with err.open("w") as stderr:
-        process = subprocess.Popen([sys.executable, "-m", "glimmer.cli", "run-batch", str(tiny_checkpoint), "-i", "-",
-                                    "-o", str(out), "--max-model-len", "2048"], stdin=subprocess.PIPE, stderr=stderr,
-                                   env={**os.environ, "TQDM_MININTERVAL": "0"})  # the bar shows every record
-    try:
-        process.stdin.write(("\n" + _line("first", "/v1/completions", {"prompt": "Once", "max_tokens": 2}) + "\n")
-                            .encode())
-        process.stdin.flush()
-        deadline = time.monotonic() + 90
-        while "run-batch: 1req" not in err.read_text():
-            assert process.poll() is None and time.monotonic() < deadline, err.read_text()
-            time.sleep(0.1)
-        process.stdin.write(b"not json\n" + _line("last", "/v1/completions", {"prompt": "x", "max_tokens": 2})
-                            .encode())
-        process.stdin.close()
-        assert process.wait(timeout=60) == 0
-    finally:
-        process.kill()
-    records = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [record["custom_id"] for record in records] == ["first", None, "last"]
-    assert records[1]["error"]["error"]["line"] == 3 and records[2]["error"] is None
 
 
 def test_a_cancelled_batch_aborts_its_requests_without_internal_errors(tiny_checkpoint, caplog):
