@@ -160,7 +160,7 @@ def test_images_that_make_the_prompt_too_long_are_named(make_tiny):
     Image.fromarray(np.full((480, 640, 3), 200, dtype="uint8")).save(buffer, "PNG")
     url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
     content = [*[{"type": "image_url", "image_url": {"url": url}}] * 4, {"type": "text", "text": "What is it?"}]
-    limit = 256  # the text of this chat is about half of it, its four images the rest and more
+    limit = 320  # the four images' whole expansions (260 tokens) fit alone; with the chat's text they do not
     with live_server(make_tiny("canonical", vision=True, seed=17), engine_options={"max_model_len": limit}) as live:
         response = httpx.post(live.base_url + "/chat/completions",
                               json={"model": "tiny", **_chat(messages=[{"role": "user", "content": content}])})
