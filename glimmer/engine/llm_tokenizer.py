@@ -363,10 +363,9 @@ class LLMTokenizer:
         `clean_up_tokenization_spaces` has transformers 5's meaning (None: the tokenizer config's default, False for
         Muse), which leaves the text of a BPE tokenizer, as Muse's, as it is: True changes nothing unless
         tokenizer_config.json sets `clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output`.
-        `spaces_between_special_tokens` (which vLLM's detokenizer passes) is True or False and changes nothing, as
-        in transformers' tokenizer.json tokenizers, whose decoder alone spaces the tokens.
-        Raises TypeError naming `LLMTokenizer.decode` for anything else."""
-        check_spaces_between_special_tokens(spaces_between_special_tokens, "LLMTokenizer.decode()")
+        `spaces_between_special_tokens` (which vLLM's detokenizer passes) is taken, of any value, and changes
+        nothing, as in transformers' tokenizer.json tokenizers, whose decoder alone spaces the tokens.
+        Raises TypeError naming `LLMTokenizer.decode` for ids of another kind."""
         return self._decode_any(ids, skip_special_tokens, clean_up_tokenization_spaces, "LLMTokenizer.decode()")
 
     def batch_decode(self, sequences: SequenceABC[SequenceABC[int]], skip_special_tokens: bool = False,
@@ -374,7 +373,6 @@ class LLMTokenizer:
                      spaces_between_special_tokens: bool = True) -> list[str]:
         """The texts of `sequences` (a list of id lists, or a 2-D array or tensor) as `decode` gives them; one
         sequence gives a list of its text (as transformers 5's `batch_decode`)."""
-        check_spaces_between_special_tokens(spaces_between_special_tokens, "LLMTokenizer.batch_decode()")
         texts = self._decode_any(sequences, skip_special_tokens, clean_up_tokenization_spaces,
                                  "LLMTokenizer.batch_decode()")
         return [texts] if isinstance(texts, str) else texts
@@ -573,13 +571,6 @@ def _checked_side(name: str, side: object) -> str:
     if side not in SIDES:
         raise ValueError(f"{name} must be 'right' or 'left', not {side!r}")
     return side  # type: ignore[return-value]
-
-
-def check_spaces_between_special_tokens(value: Any, call: str) -> None:
-    """Raises TypeError naming `call` unless `value` is True or False (the values transformers' slow tokenizers
-    read; its tokenizer.json ones, as Muse's, take and ignore the argument)."""
-    if not isinstance(value, bool):
-        raise TypeError(f"{call} takes spaces_between_special_tokens=True or False, not {value!r}")
 
 
 def python_ids(ids: Any) -> Any:

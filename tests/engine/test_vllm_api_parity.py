@@ -262,10 +262,16 @@ def test_spaces_between_special_tokens_is_taken_by_decode_as_transformers_takes_
         hf.batch_decode([ids, ids[:2]], skip_special_tokens=True, spaces_between_special_tokens=spaces)
 
 
-def test_spaces_between_special_tokens_other_than_a_bool_is_refused_naming_it(llm):
-    for call in (llm.get_tokenizer().decode, llm.get_tokenizer().batch_decode):
-        with pytest.raises(TypeError, match=r"spaces_between_special_tokens=.*True or False.*'no'"):
-            call([[1, 2]], spaces_between_special_tokens="no")
+@pytest.mark.parametrize("spaces", [None, 0, 1, "no"])
+def test_spaces_between_special_tokens_of_any_value_is_taken_and_ignored_as_transformers_does(llm, hf, spaces):
+    """transformers' tokenizer.json tokenizers take any value of the argument and ignore it (as skip_special_tokens
+    is not type-checked either); None, 0 and 1 were a TypeError."""
+    tok = llm.get_tokenizer()
+    ids = [*tok.all_special_ids, *tok.encode("Hello <|start|>user<|message|>hi", add_special_tokens=True)]
+    assert tok.decode(ids, spaces_between_special_tokens=spaces) == \
+        hf.decode(ids, spaces_between_special_tokens=spaces) == tok.decode(ids)
+    assert tok.batch_decode([ids, ids[:2]], spaces_between_special_tokens=spaces) == \
+        hf.batch_decode([ids, ids[:2]], spaces_between_special_tokens=spaces)
 
 
 TRANSFORMERS_ATTRIBUTES = ("model_max_length", "special_tokens_map", "padding_side", "truncation_side",
