@@ -1797,7 +1797,8 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-model-len", type=token_count, default=None,
                         help="context length, e.g. 32768, 32k (32,000) or 32K (32,768) (default: the model's)")
     parser.add_argument("--max-num-seqs", type=int, default=None,
-                        help="most sequences in one batch (default 256 on CUDA, 64 on the CPU)")
+                        help="most sequences in one batch (default 256 on CUDA, 64 on the CPU, or "
+                             "--max-num-batched-tokens where that is less)")
     parser.add_argument("--max-num-batched-tokens", type=token_count, default=None,
                         help="token budget of one step, each decoding sequence taking one (at least "
                              "--max-num-seqs where both are given); longer prompts are prefilled in chunks (default "

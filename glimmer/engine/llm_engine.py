@@ -345,6 +345,18 @@ def _default_token_budget(max_num_seqs: int, on_cuda: bool) -> int:
     return max_num_seqs
 
 
+def _default_num_seqs(max_num_batched_tokens: int | None, on_cuda: bool) -> int:
+    """max_num_seqs left unset: the device's default, or max_num_batched_tokens where that is less (logged): each
+    decoding sequence takes a token of a step's budget, so no more could ever run at once (vLLM refuses a budget
+    below max_num_seqs; a budget given alone lowers the default instead)."""
+    default = CUDA_MAX_NUM_SEQS if on_cuda else CPU_MAX_NUM_SEQS
+    if max_num_batched_tokens is None or max_num_batched_tokens >= default:
+        return default
+    logger.info("max_num_seqs=%d (max_num_batched_tokens; the %s default is %d), since each decoding sequence takes "
+                "a token of a step's budget", max_num_batched_tokens, "CUDA" if on_cuda else "CPU's", default)
+    return max_num_batched_tokens
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig):
         check_not_forked("loading an engine")  # in a fork of a process that had loaded one it would hang
@@ -380,15 +392,15 @@ class LLMEngine:
         self.loaded: LoadedModel = load_model(self.checkpoint, dtype=self.dtype, device=self.device,
                                               progress=config.progress, load_format=self._weights_load_format,
                                               seed=config.seed)
-        prepare_for_cpu(self.loaded.model, self.device, self.dtype, config.max_num_seqs or CPU_MAX_NUM_SEQS)
+        on_cuda = self.device.type == "cuda"
+        max_num_seqs = config.max_num_seqs or _default_num_seqs(config.max_num_batched_tokens, on_cuda)
+        prepare_for_cpu(self.loaded.model, self.device, self.dtype, max_num_seqs)
         self.model_config = self.loaded.config
         self._eos_token_id = self.tokenizer.eos_token_id  # once: the property asks the tokenizer's backend each time
         text = self.model_config.text
         # the ids that are tokens: logit rows past the tokenizer's (a vocabulary padded to a multiple) are never
         # sampled, and no request may name them
         self.token_count = min(self.tokenizer.vocab_size, text.vocab_size)
-        on_cuda = self.device.type == "cuda"
-        max_num_seqs = config.max_num_seqs or (CUDA_MAX_NUM_SEQS if on_cuda else CPU_MAX_NUM_SEQS)
         self.scheduler_config = SchedulerConfig(
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens or _default_token_budget(max_num_seqs, on_cuda),

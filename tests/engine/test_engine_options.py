@@ -213,6 +213,24 @@ def test_a_defaulted_token_budget_is_raised_to_max_num_seqs_and_logged(tiny_chec
     assert given.engine.scheduler_config.max_num_batched_tokens == 4096
 
 
+def test_a_defaulted_max_num_seqs_is_lowered_to_a_token_budget_given_below_it_and_logged(tiny_checkpoint, caplog):
+    """max_num_batched_tokens=32 alone on the CPU kept the default 64 sequences, silently, though a step could never
+    hold more than 32 decoding sequences' tokens; vLLM refuses a budget below max_num_seqs, and Glimmer still does
+    where both are given."""
+    caplog.set_level("INFO", logger="glimmer.engine.llm_engine")
+    llm = LLM(str(tiny_checkpoint), progress=False, max_num_batched_tokens=32, kv_cache_memory="8MiB",
+              max_model_len=64)
+    assert (llm.engine.scheduler_config.max_num_seqs, llm.engine.scheduler_config.max_num_batched_tokens) == (32, 32)
+    assert "max_num_seqs=32 (max_num_batched_tokens; the CPU's default is 64)" in caplog.text
+    caplog.clear()
+    above = LLM(str(tiny_checkpoint), progress=False, max_num_batched_tokens=128, kv_cache_memory="8MiB",
+                max_model_len=64)
+    assert above.engine.scheduler_config.max_num_seqs == 64 and "max_num_seqs" not in caplog.text
+    with pytest.raises(ConfigError, match=r"max_num_batched_tokens=32 is below max_num_seqs=64"):
+        LLM(str(tiny_checkpoint), progress=False, max_num_seqs=64, max_num_batched_tokens=32, kv_cache_memory="8MiB",
+            max_model_len=64)
+
+
 @pytest.mark.parametrize(("variable", "value"), [("GLIMMER_KERNELS", "triton"), ("GLIMMER_KERNELS", "off"),
                                                  ("GLIMMER_PDL", "false-ish"), ("GLIMMER_PDL", "2"),
                                                  ("GLIMMER_GEMM", "cublaslt"), ("GLIMMER_GEMM", "0")])
