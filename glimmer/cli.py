@@ -674,12 +674,13 @@ def _run_batch(args: argparse.Namespace, sigterm: SigtermWatch) -> int:
         with _batch_output(args.output_file, args.input_file) as output:
             summary, engine = _run_batch_file(args, lines, sigterm, output)
     except (Terminated, KeyboardInterrupt) as stop:
-        by = "SIGTERM" if isinstance(stop, Terminated) else "Ctrl-C"
         if output is None or not output.started:  # the output is as it was: "stopped before the batch began"
             raise
+        by, signum = ("SIGTERM", signal.SIGTERM) if isinstance(stop, Terminated) else ("Ctrl-C", signal.SIGINT)
+        # the output's own count: the stop leaves no summary
         print(f"run-batch: stopped by {by}; wrote {_records(output.records)} to {shown}, those finished before it "
               "(the requests in flight were aborted)", file=sys.stderr)
-        return 128 + signal.SIGTERM if by == "SIGTERM" else 130
+        return 128 + signum
     failed = f", {summary.failed} failed (see their `error`)" * bool(summary.failed)
     print(f"run-batch: wrote {_records(summary.written)} to {shown}: {summary.succeeded} answered with status "
           f"200{failed}", file=sys.stderr)
