@@ -108,14 +108,17 @@ def _require_positive_float(owner: str, name: str, value: Any) -> None:
         raise ConfigError(f"{owner}.{name}={value!r} is invalid; expected a positive finite number")
 
 
+# the fix for sizes no model has; a GGUF's reader gives its own (gguf_file.fields_as_gguf_keys)
+DAMAGED_CONFIG_FIX = "use the config.json published with the weights"
+
+
 def _refuse_huge_weights(owner: str, matrices: dict[str, int]) -> None:
     """Refuse sizes that make a weight (named by its shape, as the config's fields multiply into it) of more than
     MAX_WEIGHT_ELEMENTS, before the model is built from them."""
     for shape, elements in matrices.items():
         if elements > MAX_WEIGHT_ELEMENTS:
             raise ConfigError(f"{owner} sizes make a weight of {shape} = {elements} elements, more than any "
-                              "checkpoint holds (at most 2**40): the config is damaged; use the config.json "
-                              "published with the weights")
+                              f"checkpoint holds (at most 2**40): the config is damaged; {DAMAGED_CONFIG_FIX}")
 
 
 @dataclass(frozen=True)
@@ -359,8 +362,8 @@ class VisionConfig:
             )
         if self.head_dim % 4:
             raise ConfigError(
-                f"{owner}: head_dim={self.head_dim} (hidden_size / num_attention_heads) must be a multiple of 4 "
-                "for the 2-D axial rotary embedding"
+                f"{owner}.hidden_size={self.hidden_size} / num_attention_heads={self.num_attention_heads} gives heads "
+                f"of {self.head_dim}, not a multiple of 4 as the 2-D axial rotary embedding needs"
             )
         _refuse_huge_weights(owner, {
             "patch_temporal·3·patch_size² × hidden_size (patch_embedding)": self.patch_dim * self.hidden_size,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from glimmer.checkpoint.config import is_finite, too_many_layers
+from glimmer.checkpoint.config import DAMAGED_CONFIG_FIX, is_finite, too_many_layers
 from glimmer.errors import ConfigError
 
 # Written by PreTrainedConfig.to_dict / save_pretrained or by training code; none changes what the model
@@ -178,7 +178,7 @@ def layer_count(value: Any, name: str, notes: Notes) -> int:
     """A positive number of layers of at most config.MAX_LAYERS, checked before anything is built per layer."""
     n = positive_int(value, name, notes)
     if problem := too_many_layers(name, n, "the 30B has 52"):
-        raise notes.error(f"{problem}: the config is damaged; use the config.json published with the weights")
+        raise notes.error(f"{problem}: the config is damaged; {DAMAGED_CONFIG_FIX}")
     return n
 
 

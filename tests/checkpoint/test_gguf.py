@@ -393,6 +393,44 @@ def test_an_invalid_mmproj_metadata_value_is_named_by_its_gguf_key(make_tiny, tm
                               "expected a positive finite number")
 
 
+@pytest.mark.parametrize(("change", "names"), [
+    ({"muse-glimmer.embedding_length": 2**21, "muse-glimmer.feed_forward_length": 2**21},
+     ("muse-glimmer.feed_forward_length", "muse-glimmer.embedding_length")),
+], ids=["mlp"])
+def test_metadata_sizes_that_make_a_weight_no_checkpoint_holds_are_named_by_their_gguf_keys(f32_gguf, tmp_path,
+                                                                                           change, names):
+    """Review: the sizes were named as config.json's formula (intermediate_size × hidden_size) and the fix was to use
+    the config.json published with the weights, neither of which a GGUF has."""
+    from test_gguf_hostile import _rewrite
+
+    path = _rewrite(f32_gguf, tmp_path / "huge.gguf", change)
+    with pytest.raises(CheckpointError) as err:
+        read_gguf_model(path)
+    message = str(err.value)
+    assert message.startswith(f"{path}: the metadata describes an invalid model: text_config sizes make a weight of "
+                              f"{names[0]} × {names[1]} (the MLP) = 4398046511104 elements"), message
+    assert "config.json" not in message and "hidden_size" not in message
+    assert "convert_hf_to_gguf.py" in message
+
+
+def test_an_mmproj_head_size_the_rotary_embedding_cannot_split_is_named_by_its_gguf_keys(make_tiny, tmp_path):
+    """Review: the error named head_dim, hidden_size and num_attention_heads, config.json's names the file lacks."""
+    from gguf_export import export_mmproj_gguf
+    from test_gguf_hostile import _rewrite
+
+    checkpoint = make_tiny("canonical", vision=True)
+    model = export_text_gguf(checkpoint, tmp_path / "model.gguf")
+    mmproj = _rewrite(export_mmproj_gguf(checkpoint, tmp_path / "mmproj.gguf"), tmp_path / "bad-mmproj.gguf",
+                      {"clip.vision.attention.head_count": 16})
+    hidden = int(GGUFFile(mmproj).number("clip.vision.embedding_length"))
+    with pytest.raises(CheckpointError) as err:
+        read_gguf_model(model, mmproj)
+    assert str(err.value) == (
+        f"{mmproj}: the metadata describes an invalid vision tower: clip.vision.embedding_length={hidden} / "
+        f"clip.vision.attention.head_count=16 gives heads of {hidden // 16}, not a multiple of 4 as the 2-D axial "
+        "rotary embedding needs")
+
+
 def test_sampling_defaults_glimmer_does_not_read_are_named_in_one_warning(f32_gguf, tmp_path, caplog):
     """llama.cpp's converter writes general.sampling.penalty_repeat (its penalty over the last penalty_last_n tokens,
     not transformers' repetition_penalty) and the like; Glimmer left them out without a word, where the muse-glimmer.*
