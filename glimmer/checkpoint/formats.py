@@ -153,10 +153,17 @@ def _refuse_gguf_directory(path: Path, lacking: str = "config.json") -> None:
         # a multimodal GGUF repository holds the model (in each quantization) beside its mmproj, which may come first
         # by name: the example is a model's file, and the mmproj is named for --mmproj
         kinds = {name: _gguf_architecture(path / name) for name in ggufs}
-        models = [name for name in ggufs if kinds[name] not in (MMPROJ_ARCH, DRAFTER_ARCH)] or ggufs
+        models = [name for name in ggufs if kinds[name] not in (MMPROJ_ARCH, DRAFTER_ARCH)]
         projectors = [name for name in ggufs if kinds[name] == MMPROJ_ARCH]
+        drafters = [name for name in ggufs if kinds[name] == DRAFTER_ARCH]
         projector = (f"with --mmproj {path / projectors[0]} for images" if projectors
                      else "and a vision projector with --mmproj")
+        if not models:  # the projector or drafter is no model to suggest
+            holds = " and ".join(f"{kind} ({', '.join(names)})" for kind, names in (
+                ("a vision projector", projectors), ("a DFlash drafter", drafters)) if names)
+            hint = projector if projectors else "with the drafter as --speculative-config's model"
+            raise CheckpointError(f"{path} has no {lacking} and holds only {holds}, no model's GGUF file: pass the "
+                                  f"model's GGUF file, {hint}")
         raise CheckpointError(
             f"{path} has no {lacking} but holds the GGUF file{'s' * (len(ggufs) > 1)} {', '.join(ggufs)}; a GGUF "
             f"is a whole model: pass the file itself (e.g. {path / models[0]}), {projector}"

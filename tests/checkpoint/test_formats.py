@@ -220,6 +220,36 @@ def test_a_gguf_repository_with_an_mmproj_points_at_the_model_file_and_the_mmpro
     assert opened.config.vision is not None
 
 
+def _header_only_gguf(path, architecture: str):
+    """A GGUF file of `architecture` with no tensors: all the directory's refusal reads of it."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), architecture)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.mark.parametrize(("files", "holds", "hint"), [
+    ({"mmproj-x.gguf": "clip"}, "a vision projector (mmproj-x.gguf)",
+     "with --mmproj {folder}/mmproj-x.gguf for images"),
+    ({"assistant.gguf": "dflash"}, "a DFlash drafter (assistant.gguf)",
+     "with the drafter as --speculative-config's model"),
+], ids=["mmproj", "drafter"])
+def test_a_directory_holding_only_a_projector_or_drafter_gguf_asks_for_the_models_file(tmp_path, files, holds, hint):
+    """Review: with no model's file it suggested the projector (or drafter) itself as the model ("pass the file itself
+    (e.g. only/mmproj-x.gguf), with --mmproj only/mmproj-x.gguf for images"), which then said it is no model."""
+    folder = tmp_path / "only"
+    folder.mkdir()
+    for name, architecture in files.items():
+        _header_only_gguf(folder / name, architecture)
+    with pytest.raises(CheckpointError) as err:
+        open_checkpoint(folder)
+    assert str(err.value) == (f"{folder} has no config.json and holds only {holds}, no model's GGUF file: pass the "
+                              f"model's GGUF file, {hint.format(folder=folder)}")
+
+
 def test_a_directory_with_a_config_and_only_a_gguf_points_at_the_file_not_at_random_weights(tiny_checkpoint,
                                                                                               tmp_path):
     """QA: a config.json beside the GGUF (as some GGUF repositories ship) gave "no weights found ... pass
