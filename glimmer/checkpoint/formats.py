@@ -56,7 +56,7 @@ from glimmer.checkpoint.weight_layouts import (
     ROPE_LAYOUT,
     detect_weight_layout,
 )
-from glimmer.errors import CheckpointError
+from glimmer.errors import CheckpointError, ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -99,9 +99,11 @@ def open_checkpoint(
     weights=False (dummy weights): a directory's config alone is read; `tensors` is then None.
     """
     path = Path(path)
-    if mmproj is not None and not str(mmproj).strip():  # Path("") is ".", the current directory
-        raise CheckpointError("--mmproj (mmproj=) is empty; pass the vision projector GGUF's path, or leave it out for "
-                              "text only")
+    # Path("") is Path("."), the current directory: a path object of it is the empty path, no projector file
+    if mmproj is not None and (not os.fspath(mmproj).strip()
+                               or not isinstance(mmproj, str) and os.fspath(mmproj) == "."):
+        raise ConfigError("--mmproj (mmproj=) is empty; pass the vision projector GGUF's path, or leave it out for "
+                          "text only")
     if mmproj is not None:  # `~/mmproj.gguf` is the user's, as the model path is (resolve.py)
         mmproj = os.path.expanduser(mmproj)
     if path.is_file():

@@ -757,19 +757,25 @@ def test_mmproj_keys_glimmer_does_not_read_are_named_in_a_warning(make_tiny, tmp
         "clip.vision.wa_layer_indexes"]
 
 
-@pytest.mark.parametrize("mmproj", ["", "  "], ids=["empty", "blank"])
+@pytest.mark.parametrize("mmproj", ["", "  ", Path("")], ids=["empty", "blank", "empty-path"])
 def test_an_empty_mmproj_path_is_refused_as_empty(f32_gguf, capsys, mmproj):
     """QA: mmproj="" (`mmproj=os.environ.get("MMPROJ", "")`, `--mmproj ""`) was read as the current directory, ".:
     cannot be read: [Errno 21] Is a directory: '.'", and a blank one as a file named by its spaces, where an empty
-    dtype or device is refused as empty."""
+    dtype or device is refused as empty; review: Path("") (which is Path(".")) still was, as a CheckpointError where an
+    empty dtype or device is a ConfigError."""
     from glimmer.cli import main
+    from glimmer.errors import ConfigError
 
     refusal = "--mmproj (mmproj=) is empty; pass the vision projector GGUF's path, or leave it out for text only"
-    with pytest.raises(CheckpointError) as err:
+    with pytest.raises(ConfigError) as err:
         LLM(str(f32_gguf), mmproj=mmproj)
     assert str(err.value) == refusal
-    assert main(["inspect", str(f32_gguf), "--mmproj", mmproj]) == 2
-    assert refusal in capsys.readouterr().err
+    with pytest.raises(ConfigError) as err:
+        open_checkpoint(f32_gguf, mmproj=mmproj)
+    assert str(err.value) == refusal
+    if isinstance(mmproj, str):  # the command line's `--mmproj ""`
+        assert main(["inspect", str(f32_gguf), "--mmproj", mmproj]) == 2
+        assert refusal in capsys.readouterr().err
 
 
 def test_an_image_sent_to_a_gguf_without_mmproj_is_refused_naming_mmproj(f32_gguf, tiny_checkpoint):
