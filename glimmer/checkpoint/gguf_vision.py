@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from glimmer.checkpoint.config import TextConfig, VisionConfig, reference_vision_layer_types
-from glimmer.checkpoint.gguf_file import GGUFFile, fields_as_gguf_keys
+from glimmer.checkpoint.gguf_file import CONVERT_AGAIN, GGUFFile, fields_as_gguf_keys
 from glimmer.checkpoint.mapped_tensors import MappedTensor
 from glimmer.checkpoint.weight_layouts import interleaved_to_rotate_half
 from glimmer.errors import ConfigError
@@ -58,10 +58,13 @@ _FIELD_KEYS = {field: f"clip.vision.{name}" for field, name in (
 
 # every clip.* key read_mmproj reads, and clip.vision.image_size, llama.cpp's warm-up image (Glimmer sizes each image by
 # image_max_pixels); any other is ignored with a warning, as the model GGUF's unread muse-glimmer.* keys are
+# llama.cpp's flags choosing the vision MLP's activation → the value that means Muse Glimmer's exact GELU
+# (architecture.md §1.2, hidden_act "gelu"); any other asks for another model
+_ACTIVATION_KEYS = {"clip.use_gelu": True, "clip.use_silu": False}
 _KNOWN_KEYS = frozenset({
     "clip.projector_type", "clip.vision.projector_type", "clip.has_vision_encoder", "clip.vision.projection_dim",
     "clip.vision.image_size", "clip.vision.image_mean", "clip.vision.image_std", "clip.vision.image_max_pixels",
-    *_FIELD_KEYS.values(),
+    *_FIELD_KEYS.values(), *_ACTIVATION_KEYS,
 })
 
 
@@ -90,6 +93,10 @@ def read_mmproj(path: str | Path, text: TextConfig) -> MmprojVision:
         raise file.error(f"clip.projector_type={projector!r} is not Muse Glimmer's {PROJECTOR_TYPE!r}")
     if file.has("clip.has_vision_encoder") and not file.boolean("clip.has_vision_encoder"):
         raise file.error("clip.has_vision_encoder is false; this mmproj has no vision tower")
+    for key, gelu in _ACTIVATION_KEYS.items():
+        if file.has(key) and (value := file.boolean(key)) != gelu:
+            raise file.error(f"{key}={value} is not supported; Muse Glimmer's vision tower uses exact GELU: remove "
+                             f"the key or {CONVERT_AGAIN}")
 
     def positive(key: str) -> int:
         value = file.integer(key)

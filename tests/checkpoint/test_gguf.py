@@ -751,10 +751,45 @@ def test_mmproj_keys_glimmer_does_not_read_are_named_in_a_warning(make_tiny, tmp
     mmproj = _rewrite(good, tmp_path / "more-mmproj.gguf", {}, add={
         "clip.vision.wa_layer_indexes": ([0, 1], gguf.GGUFValueType.ARRAY),
         "clip.vision.image_min_pixels": (3136, gguf.GGUFValueType.UINT32),
-        "clip.use_silu": (True, gguf.GGUFValueType.BOOL)})
+        "clip.has_audio_encoder": (False, gguf.GGUFValueType.BOOL)})
     assert [w for w in read_gguf_model(model, mmproj).config.warnings if w.startswith(str(mmproj))] == [
-        f"{mmproj}: ignoring metadata keys Glimmer does not read: clip.use_silu, clip.vision.image_min_pixels, "
-        "clip.vision.wa_layer_indexes"]
+        f"{mmproj}: ignoring metadata keys Glimmer does not read: clip.has_audio_encoder, "
+        "clip.vision.image_min_pixels, clip.vision.wa_layer_indexes"]
+
+
+@pytest.mark.parametrize(("key", "value"), [("clip.use_silu", True), ("clip.use_gelu", False)],
+                         ids=["silu", "not-gelu"])
+def test_an_mmproj_asking_for_another_activation_is_refused_by_its_key(make_tiny, tmp_path, key, value):
+    """Review: clip.use_silu=true (llama.cpp's SiLU MLP) was named as an unread key and the tower ran with GELU, a
+    silently other model; Muse Glimmer's vision tower uses exact GELU (architecture.md, vision_config.hidden_act)."""
+    from gguf_export import export_mmproj_gguf
+    from test_gguf_hostile import _rewrite
+
+    checkpoint = make_tiny("canonical", vision=True)
+    model = export_text_gguf(checkpoint, tmp_path / "model.gguf")
+    mmproj = _rewrite(export_mmproj_gguf(checkpoint, tmp_path / "mmproj.gguf"), tmp_path / "act-mmproj.gguf", {},
+                      add={key: (value, gguf.GGUFValueType.BOOL)})
+    with pytest.raises(CheckpointError) as err:
+        read_gguf_model(model, mmproj)
+    assert str(err.value) == (f"{mmproj}: {key}={value} is not supported; Muse Glimmer's vision tower uses exact "
+                              "GELU: remove the key or convert the Hugging Face checkpoint again with llama.cpp's "
+                              "convert_hf_to_gguf.py")
+
+
+def test_an_mmproj_stating_gelu_loads_without_a_warning(make_tiny, tmp_path):
+    """Review: clip.use_gelu=true, which a converter writes and which is what Glimmer runs, was warned about as an
+    unread key."""
+    from gguf_export import export_mmproj_gguf
+    from test_gguf_hostile import _rewrite
+
+    checkpoint = make_tiny("canonical", vision=True)
+    model = export_text_gguf(checkpoint, tmp_path / "model.gguf")
+    mmproj = _rewrite(export_mmproj_gguf(checkpoint, tmp_path / "mmproj.gguf"), tmp_path / "gelu-mmproj.gguf", {},
+                      add={"clip.use_gelu": (True, gguf.GGUFValueType.BOOL),
+                           "clip.use_silu": (False, gguf.GGUFValueType.BOOL)})
+    loaded = read_gguf_model(model, mmproj)
+    assert loaded.config.vision is not None
+    assert not [w for w in loaded.config.warnings if w.startswith(str(mmproj))]
 
 
 @pytest.mark.parametrize("mmproj", ["", "  ", Path("")], ids=["empty", "blank", "empty-path"])
