@@ -155,16 +155,17 @@ def read_mmproj(path: str | Path, text: TextConfig) -> MmprojVision:
             raise file.error(f"{key}={values} is invalid; expected three finite numbers (R, G, B)"
                              + (", each positive" if name == "image_std" else ""))
         preprocessor[name] = values
+    merged_patch = (patch * merge) ** 2  # llama.cpp's image token budget: max pixels / (patch · merge)² merged tokens
     if file.has("clip.vision.image_max_pixels"):
-        # llama.cpp's image token budget: max pixels / (patch · merge)² merged tokens
-        max_pixels, merged_patch = file.integer("clip.vision.image_max_pixels"), (patch * merge) ** 2
+        max_pixels = file.integer("clip.vision.image_max_pixels")
         if max_pixels < merged_patch:
             raise file.error(f"clip.vision.image_max_pixels={max_pixels} is invalid; expected at least one merged "
                              f"patch, (patch_size · spatial_merge_size)² = {merged_patch} pixels")
         preprocessor["max_image_tokens"] = max_pixels // merged_patch
     else:
         preprocessor["max_image_tokens"] = REFERENCE_MAX_IMAGE_TOKENS
-        defaulted.append(f"clip.vision.image_max_pixels=<{REFERENCE_MAX_IMAGE_TOKENS} tokens an image>")
+        defaulted.append(f"clip.vision.image_max_pixels={REFERENCE_MAX_IMAGE_TOKENS * merged_patch} "
+                         f"({REFERENCE_MAX_IMAGE_TOKENS} tokens an image)")
     warnings = [f"{file.path}: metadata keys absent from the mmproj took the reference values: {', '.join(defaulted)}"
                 ] if defaulted else []
     unread = sorted(key for key in file.metadata if key.startswith("clip.") and key not in _KNOWN_KEYS)

@@ -729,10 +729,12 @@ def test_mmproj_preprocessing_keys_it_lacks_take_the_reference_values_in_one_war
     mmproj = _rewrite(good, tmp_path / "bare-mmproj.gguf", {}, drop=(
         "clip.vision.image_mean", "clip.vision.image_std", "clip.vision.image_max_pixels"))
     loaded = read_gguf_model(model, mmproj)
+    file = GGUFFile(mmproj)  # review: the pixel key's value was a token count, "<4096 tokens an image>"
+    merged_patch = (file.integer("clip.vision.patch_size") * file.integer("clip.vision.spatial_merge_size")) ** 2
     assert [w for w in loaded.config.warnings if w.startswith(str(mmproj))] == [
         f"{mmproj}: metadata keys absent from the mmproj took the reference values: "
         "clip.vision.image_mean=[0.5, 0.5, 0.5], clip.vision.image_std=[0.5, 0.5, 0.5], "
-        "clip.vision.image_max_pixels=<4096 tokens an image>"]
+        f"clip.vision.image_max_pixels={4096 * merged_patch} (4096 tokens an image)"]
     settings = load_media_settings(loaded.preprocessor_config)
     assert (settings.image_mean, settings.image_std, settings.max_image_tokens) == (
         MediaSettings().image_mean, MediaSettings().image_std, MediaSettings().max_image_tokens)
