@@ -78,6 +78,8 @@ SPLIT_TENSORS = "split.tensors.count"
 _SPLIT_NAME = re.compile(r"(.*)-(\d{5})(-of-)(\d{5})(\.gguf)", re.IGNORECASE)
 MOST_LISTED = 3  # an error about a split lists at most this many missing parts or misplaced tensors
 
+# the warning's words for the keys a GGUF lacks that took the reference's values (model and drafter alike)
+ABSENT_KEYS_TOOK_DEFAULTS = "metadata keys absent from the GGUF took the reference defaults"
 CONVERT_AGAIN = "convert the Hugging Face checkpoint again with llama.cpp's convert_hf_to_gguf.py"
 # the fixes a GGUF's tensor mismatch names (weight_mismatch.py); the metadata sits in the same file as the tensors
 GGUF_ADVICE = MismatchAdvice(

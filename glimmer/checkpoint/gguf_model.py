@@ -43,7 +43,7 @@ from glimmer.checkpoint.config import (
     too_many_layers,
 )
 from glimmer.checkpoint.config_common_fields import NEVER_FEATURES
-from glimmer.checkpoint.gguf_file import CONVERT_AGAIN, GGUFFile, fields_as_gguf_keys
+from glimmer.checkpoint.gguf_file import ABSENT_KEYS_TOOK_DEFAULTS, CONVERT_AGAIN, GGUFFile, fields_as_gguf_keys
 from glimmer.checkpoint.mapped_tensors import MappedTensor, MappedTensors
 from glimmer.checkpoint.weight_layouts import interleaved_to_rotate_half
 from glimmer.errors import ConfigError
@@ -269,7 +269,7 @@ def _text_config(file: GGUFFile) -> tuple[TextConfig, list[str]]:
                          f"{fields_as_gguf_keys(str(exc), keys, 'text_config')}") from None
     warnings = list(notes)
     if defaulted:
-        warnings.insert(0, f"{file.path}: metadata keys absent from the GGUF took the reference defaults: "
+        warnings.insert(0, f"{file.path}: {ABSENT_KEYS_TOOK_DEFAULTS}: "
                            + ", ".join(defaulted))
     return text, warnings
 

@@ -197,8 +197,9 @@ def test_drafter_gguf_keys_that_took_defaults_are_named_as_the_file_names_them(r
     path = _rewrite(full, tmp_path / "d.gguf", {}, drop=("dflash.attention.sliding_window",
                                                          "tokenizer.ggml.mask_token_id"))
     config = open_drafter_checkpoint(path, mask_token_id=lambda: 500).config
-    assert config.warnings == (f"{path}: absent fields took transformers' defaults: dflash.attention.sliding_window, "
-                               "tokenizer.ggml.mask_token_id",)
+    assert config.warnings == (  # review: in the model GGUF's words, not "absent fields took transformers' defaults"
+        f"{path}: metadata keys absent from the GGUF took the reference defaults: dflash.attention.sliding_window, "
+        "tokenizer.ggml.mask_token_id",)
     assert (config.sliding_window, config.mask_token_id) == (2048, 500)
 
 
