@@ -17,13 +17,18 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from glimmer.checkpoint.gguf_file import CONVERT_AGAIN, GGUF_ADVICE, GGUFFile, fields_as_gguf_keys
+from glimmer.checkpoint.gguf_file import (
+    CONVERT_AGAIN,
+    GGUF_ADVICE,
+    GGUFFile,
+    fields_as_gguf_keys,
+    unread_keys_warning,
+)
 from glimmer.checkpoint.gguf_model import (
     ROPE_SCALING_KEYS,
     refuse_other_head_sizes,
     refuse_rope_scaling,
     refuse_too_many_layers,
-    unread_keys_warning,
 )
 from glimmer.checkpoint.mapped_tensors import MappedTensor, MappedTensors
 
@@ -142,4 +147,5 @@ def read_gguf_drafter(path: str | Path) -> tuple[dict[str, Any], MappedTensors, 
     entries = {canonical: MappedTensor(file.tensor_info(canonical, shapes[canonical], stored),
                                        lambda stored=stored: file.read(stored))
                for stored, canonical in sources.items()}
-    return config, MappedTensors(file.path, entries, file.total_bytes), unread_keys_warning(file, ARCH, _READ_KEYS)
+    unread = unread_keys_warning(file, f"{ARCH}.", _READ_KEYS)
+    return config, MappedTensors(file.path, entries, file.total_bytes), unread

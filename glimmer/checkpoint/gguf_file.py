@@ -23,6 +23,7 @@ import math
 import mmap
 import re
 import struct
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,6 +111,19 @@ def fields_as_gguf_keys(message: str, keys: dict[str, str], owner: str | None = 
     # a whole name, not part of a longer one or of a key already named (`dflash.block_size`)
     named = re.sub(rf"(?<![\w.-]){prefix}({fields})(?![\w.])", lambda m: keys[m.group(1)], message)
     return named.replace(DAMAGED_CONFIG_FIX, f"load the GGUF published for this model, or {CONVERT_AGAIN}")
+
+
+def unread_keys(file: GGUFFile, prefix: str, read: Collection[str]) -> list[str]:
+    """The keys under `prefix` (`muse-glimmer.`, `clip.`, `general.sampling.`) whose name past it is not in `read`,
+    sorted: what the file asks that Glimmer does not read."""
+    return sorted(key for key in file.metadata if key.startswith(prefix) and key.removeprefix(prefix) not in read)
+
+
+def unread_keys_warning(file: GGUFFile, prefix: str, read: Collection[str]) -> list[str]:
+    """The warning naming `unread_keys` (`muse-glimmer.expert_count`, ...), as config.json's unknown keys are named;
+    none where there is none."""
+    unread = unread_keys(file, prefix, read)
+    return [f"{file.path}: ignoring metadata keys Glimmer does not read: {', '.join(unread)}"] if unread else []
 
 
 def _lexists(path: Path) -> bool:

@@ -43,7 +43,13 @@ from glimmer.checkpoint.config import (
     too_many_layers,
 )
 from glimmer.checkpoint.config_common_fields import NEVER_FEATURES
-from glimmer.checkpoint.gguf_file import ABSENT_KEYS_TOOK_DEFAULTS, CONVERT_AGAIN, GGUFFile, fields_as_gguf_keys
+from glimmer.checkpoint.gguf_file import (
+    ABSENT_KEYS_TOOK_DEFAULTS,
+    CONVERT_AGAIN,
+    GGUFFile,
+    fields_as_gguf_keys,
+    unread_keys_warning,
+)
 from glimmer.checkpoint.mapped_tensors import MappedTensor, MappedTensors
 from glimmer.checkpoint.weight_layouts import interleaved_to_rotate_half
 from glimmer.errors import ConfigError
@@ -319,7 +325,7 @@ def _check_unread_keys(file: GGUFFile) -> list[str]:
         if file.has(_key(name)) and (value := read(file, _key(name))) != off:
             raise file.error(f"{_key(name)}={value!r} is not supported; Muse Glimmer has no {NEVER_FEATURES[flag]}: "
                              f"remove the key or {CONVERT_AGAIN}")
-    return unread_keys_warning(file, ARCH, _READ_KEYS)
+    return unread_keys_warning(file, f"{ARCH}.", _READ_KEYS)
 
 
 def refuse_too_many_layers(file: GGUFFile, key: str, n: int, largest: str) -> int:
@@ -339,14 +345,6 @@ def refuse_other_head_sizes(file: GGUFFile, arch: str, head_dim: int) -> None:
         if file.has(key) and file.integer(key) != head_dim:
             raise file.error(f"{key}={file.integer(key)} differs from attention.key_length={head_dim}; "
                              "Muse Glimmer rotates and attends over the whole head")
-
-
-def unread_keys_warning(file: GGUFFile, arch: str, read: frozenset[str]) -> list[str]:
-    """The warning naming the keys under `arch.` that are not in `read` (`expert_count`, ...), as config.json's unknown
-    keys are named; none where there is none."""
-    unread = sorted(key for key in file.metadata
-                    if key.startswith(f"{arch}.") and key.removeprefix(f"{arch}.") not in read)
-    return [f"{file.path}: ignoring metadata keys Glimmer does not read: {', '.join(unread)}"] if unread else []
 
 
 def refuse_rope_scaling(file: GGUFFile, arch: str) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
 from glimmer.checkpoint.generation_config import EmbeddedGenerationConfig
-from glimmer.checkpoint.gguf_file import GGUFFile
+from glimmer.checkpoint.gguf_file import GGUFFile, unread_keys
 
 logger = logging.getLogger(__name__)
 
@@ -172,6 +172,7 @@ def _token_id(file: GGUFFile, key: str, types: list[int]) -> int:
 # transformers' repetition_penalty over the whole sequence, so it is not read as one)
 _SAMPLING_KEYS = {"general.sampling.temp": "temperature", "general.sampling.top_p": "top_p",
                   "general.sampling.min_p": "min_p"}
+_SAMPLING_PREFIX = "general.sampling."
 _SAMPLING_TOP_K = "general.sampling.top_k"
 _SAMPLING_SOURCE_KEYS = {name: key for key, name in _SAMPLING_KEYS.items()} | {"top_k": _SAMPLING_TOP_K}
 
@@ -184,8 +185,8 @@ def _sampling_defaults(file: GGUFFile) -> dict[str, Any]:
         defaults["top_k"] = file.integer(_SAMPLING_TOP_K)
     # the others (penalty_repeat, penalty_last_n, mirostat, xtc_*, sequence) are llama.cpp's own samplers: a request
     # does not run them, so they are said to be ignored, as the muse-glimmer.* keys Glimmer does not read are
-    unread = sorted(key for key in file.metadata if key.startswith("general.sampling.")
-                    and key not in _SAMPLING_SOURCE_KEYS.values())
+    unread = unread_keys(file, _SAMPLING_PREFIX,
+                         {key.removeprefix(_SAMPLING_PREFIX) for key in _SAMPLING_SOURCE_KEYS.values()})
     if unread:
         logger.warning("%s: ignoring sampling defaults Glimmer does not read (llama.cpp's own samplers; set them in "
                        "each request where Glimmer has one): %s", file.path, ", ".join(unread))

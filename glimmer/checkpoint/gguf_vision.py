@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from glimmer.checkpoint.config import TextConfig, VisionConfig, reference_vision_layer_types
-from glimmer.checkpoint.gguf_file import CONVERT_AGAIN, GGUFFile, fields_as_gguf_keys
+from glimmer.checkpoint.gguf_file import CONVERT_AGAIN, GGUFFile, fields_as_gguf_keys, unread_keys_warning
 from glimmer.checkpoint.mapped_tensors import MappedTensor
 from glimmer.checkpoint.weight_layouts import interleaved_to_rotate_half
 from glimmer.errors import ConfigError
@@ -168,9 +168,7 @@ def read_mmproj(path: str | Path, text: TextConfig) -> MmprojVision:
                          f"({REFERENCE_MAX_IMAGE_TOKENS} tokens an image)")
     warnings = [f"{file.path}: metadata keys absent from the mmproj took the reference values: {', '.join(defaulted)}"
                 ] if defaulted else []
-    unread = sorted(key for key in file.metadata if key.startswith("clip.") and key not in _KNOWN_KEYS)
-    if unread:
-        warnings.append(f"{file.path}: ignoring metadata keys Glimmer does not read: {', '.join(unread)}")
+    warnings += unread_keys_warning(file, "clip.", {key.removeprefix("clip.") for key in _KNOWN_KEYS})
     return MmprojVision(config, entries, types, warnings, out_hidden, projector_hidden, preprocessor,
                         file.total_bytes)
 
