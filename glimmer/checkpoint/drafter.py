@@ -256,14 +256,14 @@ def open_drafter_checkpoint(
         # a llama.cpp DFlash drafter GGUF, handed over under the HF names (gguf_drafter.py)
         from glimmer.checkpoint.gguf_drafter import name_gguf_keys, read_gguf_drafter
 
-        raw, tensors, unread = read_gguf_drafter(location)
+        drafter = read_gguf_drafter(location)
         try:
-            config = read_drafter_config(raw, source=str(location), mask_token_id=mask_token_id)
+            config = read_drafter_config(drafter.config, source=str(location), mask_token_id=mask_token_id)
         except ConfigError as exc:  # it names config.json's fields, which the file does not hold
             raise ConfigError(name_gguf_keys(str(exc))) from None
         config = replace(config, warnings=(*(name_gguf_keys(warning).replace(
-            ABSENT_FIELDS_TOOK_DEFAULTS, ABSENT_KEYS_TOOK_DEFAULTS) for warning in config.warnings), *unread))
-        return DrafterCheckpoint(config, tensors, DRAFTER_CANONICAL, location)
+            ABSENT_FIELDS_TOOK_DEFAULTS, ABSENT_KEYS_TOOK_DEFAULTS) for warning in config.warnings), *drafter.warnings))
+        return DrafterCheckpoint(config, drafter.tensors, DRAFTER_CANONICAL, location)
     if location.is_file():
         if location.suffix != ".pt":
             raise CheckpointError(f"speculative_config.model={str(path)!r} is a file but not a drafter's native .pt or "

@@ -69,9 +69,17 @@ def name_gguf_keys(message: str) -> str:
     return fields_as_gguf_keys(message, _FIELD_KEYS)
 
 
-def read_gguf_drafter(path: str | Path) -> tuple[dict[str, Any], MappedTensors, list[str]]:
-    """(config.json dict of model_type muse_glimmer_assistant, its tensors under the canonical HF names, read
-    on demand as float32, and the warning naming the `dflash.*` keys it does not read, if any). Feeds
+@dataclasses.dataclass(frozen=True)
+class GGUFDrafter:
+    """A DFlash drafter GGUF read as the HF drafter it was converted from."""
+
+    config: dict[str, Any]  # config.json's dict, model_type muse_glimmer_assistant
+    tensors: MappedTensors  # under the canonical HF names, read on demand as float32
+    warnings: list[str]  # the one naming the `dflash.*` keys Glimmer does not read, if any
+
+
+def read_gguf_drafter(path: str | Path) -> GGUFDrafter:
+    """The drafter GGUF at `path` as its config.json dict, tensors and warnings. Feeds
     `glimmer.checkpoint.drafter.open_drafter_checkpoint`.
 
     Raises CheckpointError: one line for a missing or bad metadata key; for missing, stray or misshapen tensors,
@@ -147,5 +155,5 @@ def read_gguf_drafter(path: str | Path) -> tuple[dict[str, Any], MappedTensors, 
     entries = {canonical: MappedTensor(file.tensor_info(canonical, shapes[canonical], stored),
                                        lambda stored=stored: file.read(stored))
                for stored, canonical in sources.items()}
-    unread = unread_keys_warning(file, f"{ARCH}.", _READ_KEYS)
-    return config, MappedTensors(file.path, entries, file.total_bytes), unread
+    return GGUFDrafter(config, MappedTensors(file.path, entries, file.total_bytes),
+                       unread_keys_warning(file, f"{ARCH}.", _READ_KEYS))

@@ -87,8 +87,9 @@ def test_drafter_gguf_gives_the_assistant_config_and_state_dict(reference, tmp_p
     from transformers.models.muse_glimmer_assistant import MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel
 
     state = {k: v.detach().clone() for k, v in reference.state_dict().items()}
-    config, tensors, warnings = read_gguf_drafter(write_drafter_gguf(tmp_path / "drafter.gguf", state, CONFIG))
-    assert warnings == []
+    drafter = read_gguf_drafter(write_drafter_gguf(tmp_path / "drafter.gguf", state, CONFIG))
+    assert drafter.warnings == []
+    config, tensors = drafter.config, drafter.tensors
     loaded = {name: tensors.read(name) for name in tensors.names()}
     assert loaded.keys() == state.keys() and all(torch.equal(loaded[k], state[k]) for k in state)
     rebuilt = MuseGlimmerAssistantConfig(**{k: v for k, v in config.items() if k != "model_type"})
