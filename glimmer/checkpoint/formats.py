@@ -33,7 +33,7 @@ from glimmer.checkpoint.compressed_tensors import (
 )
 from glimmer.checkpoint.config import ModelConfig
 from glimmer.checkpoint.config_layouts import load_config
-from glimmer.checkpoint.gguf_file import is_gguf_path, scan_header
+from glimmer.checkpoint.gguf_file import DRAFTER_ARCH, MMPROJ_ARCH, header_architecture, is_gguf_path
 from glimmer.checkpoint.json_files import read_json_object
 from glimmer.checkpoint.pickle_files import (
     PICKLE_INDEX_FILE,
@@ -150,11 +150,9 @@ def _refuse_gguf_directory(path: Path, lacking: str = "config.json") -> None:
         return
     ggufs = sorted(p.name for p in path.glob("*.gguf") if p.is_file())
     if ggufs:
-        from glimmer.checkpoint.gguf_model import DRAFTER_ARCH, MMPROJ_ARCH
-
         # a multimodal GGUF repository holds the model (in each quantization) beside its mmproj, which may come first
         # by name: the example is a model's file, and the mmproj is named for --mmproj
-        kinds = {name: _gguf_architecture(path / name) for name in ggufs}
+        kinds = {name: header_architecture(path / name) for name in ggufs}
         models = [name for name in ggufs if kinds[name] not in (MMPROJ_ARCH, DRAFTER_ARCH)]
         projectors = [name for name in ggufs if kinds[name] == MMPROJ_ARCH]
         drafters = [name for name in ggufs if kinds[name] == DRAFTER_ARCH]
@@ -170,16 +168,6 @@ def _refuse_gguf_directory(path: Path, lacking: str = "config.json") -> None:
             f"{path} has no {lacking} but holds the GGUF file{'s' * (len(ggufs) > 1)} {', '.join(ggufs)}; a GGUF "
             f"is a whole model: pass the file itself (e.g. {path / models[0]}), {projector}"
         )
-
-
-def _gguf_architecture(path: Path) -> str | None:
-    """A GGUF file's general.architecture ('muse-glimmer', 'clip' for an mmproj, ...); None where its header cannot
-    tell (it is damaged: opening it says why)."""
-    try:
-        architecture = scan_header(path).metadata.get("general.architecture")
-    except CheckpointError:
-        return None
-    return architecture if isinstance(architecture, str) else None
 
 
 def _open_directory(path: Path, allow_pickle: bool) -> OpenedCheckpoint:

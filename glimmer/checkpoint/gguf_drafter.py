@@ -19,6 +19,7 @@ from typing import Any
 
 from glimmer.checkpoint.gguf_file import (
     CONVERT_AGAIN,
+    DRAFTER_ARCH,
     GGUF_ADVICE,
     GGUFFile,
     fields_as_gguf_keys,
@@ -32,7 +33,7 @@ from glimmer.checkpoint.gguf_model import (
 )
 from glimmer.checkpoint.mapped_tensors import MappedTensor, MappedTensors
 
-ARCH = "dflash"
+ARCH = DRAFTER_ARCH
 _GLOBAL = {"output_norm.weight": "norm.weight", "fc.weight": "encoder.fc.weight",
            "enc.output_norm.weight": "encoder.output_norm_enc.weight"}
 _LAYER = {

@@ -76,6 +76,11 @@ READABLE_TYPES = FLOAT_TYPES + QUANTIZED_TYPES
 SPLIT_COUNT = "split.count"
 SPLIT_NO = "split.no"
 SPLIT_TENSORS = "split.tensors.count"
+# general.architecture of each GGUF Glimmer reads: the model, its vision projector (mmproj), its DFlash drafter
+ARCHITECTURE_KEY = "general.architecture"
+MODEL_ARCH = "muse-glimmer"
+MMPROJ_ARCH = "clip"
+DRAFTER_ARCH = "dflash"
 _SPLIT_NAME = re.compile(r"(.*)-(\d{5})(-of-)(\d{5})(\.gguf)", re.IGNORECASE)
 MOST_LISTED = 3  # an error about a split lists at most this many missing parts or misplaced tensors
 
@@ -199,6 +204,16 @@ class _Cursor:
             return raw.decode("utf-8")
         except UnicodeDecodeError:
             raise self.fail(f"{what} is not valid UTF-8") from None
+
+
+def header_architecture(path: Path) -> str | None:
+    """A GGUF file's general.architecture (MODEL_ARCH, MMPROJ_ARCH, ...), read from its header alone; None where the
+    header cannot tell (it is damaged: opening the file says why)."""
+    try:
+        architecture = scan_header(path).metadata.get(ARCHITECTURE_KEY)
+    except CheckpointError:
+        return None
+    return architecture if isinstance(architecture, str) else None
 
 
 def scan_header(path: Path) -> GGUFHeader:

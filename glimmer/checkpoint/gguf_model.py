@@ -45,7 +45,11 @@ from glimmer.checkpoint.config import (
 from glimmer.checkpoint.config_common_fields import NEVER_FEATURES
 from glimmer.checkpoint.gguf_file import (
     ABSENT_KEYS_TOOK_DEFAULTS,
+    ARCHITECTURE_KEY,
     CONVERT_AGAIN,
+    DRAFTER_ARCH,
+    MMPROJ_ARCH,
+    MODEL_ARCH,
     GGUFFile,
     fields_as_gguf_keys,
     unread_keys_warning,
@@ -56,9 +60,7 @@ from glimmer.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-ARCH = "muse-glimmer"
-DRAFTER_ARCH = "dflash"
-MMPROJ_ARCH = "clip"
+ARCH = MODEL_ARCH
 GGUF_LAYOUT = "gguf"
 GGUF_ROPE_LAYOUT = "interleaved (ggml NORM; permuted to rotate-half on load)"
 # llama.cpp's muse-glimmer graph hard-codes the post-attention / post-FFN norm eps (muse-glimmer.cpp)
@@ -127,9 +129,9 @@ class GGUFModel:
 
 def describe_gguf_kind(file: GGUFFile) -> str:
     """general.architecture, refusing a file that is not a GGUF at all or has none."""
-    if not file.has("general.architecture"):
-        raise file.error("required metadata key general.architecture is missing")
-    return file.string("general.architecture")
+    if not file.has(ARCHITECTURE_KEY):
+        raise file.error(f"required metadata key {ARCHITECTURE_KEY} is missing")
+    return file.string(ARCHITECTURE_KEY)
 
 
 def read_gguf_model(path: str | Path | GGUFFile, mmproj: str | Path | None = None) -> GGUFModel:
@@ -145,8 +147,8 @@ def read_gguf_model(path: str | Path | GGUFFile, mmproj: str | Path | None = Non
         raise file.error("this is a vision projector (mmproj) file; pass the model GGUF as the model and this "
                          "file with --mmproj")
     if arch == DRAFTER_ARCH:
-        raise file.error("this is a DFlash drafter GGUF (architecture 'dflash'), not a Muse Glimmer model; pass "
-                         "the model GGUF")
+        raise file.error(f"this is a DFlash drafter GGUF (architecture {DRAFTER_ARCH!r}), not a Muse Glimmer model; "
+                         "pass the model GGUF")
     if arch != ARCH:
         raise file.error(f"general.architecture={arch!r} is not Muse Glimmer (llama.cpp architecture {ARCH!r})")
     text, warnings = _text_config(file)

@@ -30,7 +30,14 @@ from typing import Any
 import torch
 
 from glimmer.checkpoint.config import TextConfig, VisionConfig, reference_vision_layer_types
-from glimmer.checkpoint.gguf_file import CONVERT_AGAIN, GGUFFile, fields_as_gguf_keys, unread_keys_warning
+from glimmer.checkpoint.gguf_file import (
+    ARCHITECTURE_KEY,
+    CONVERT_AGAIN,
+    MMPROJ_ARCH,
+    GGUFFile,
+    fields_as_gguf_keys,
+    unread_keys_warning,
+)
 from glimmer.checkpoint.mapped_tensors import MappedTensor
 from glimmer.checkpoint.weight_layouts import interleaved_to_rotate_half
 from glimmer.errors import ConfigError
@@ -85,8 +92,8 @@ class MmprojVision:
 def read_mmproj(path: str | Path, text: TextConfig) -> MmprojVision:
     """Open an mmproj GGUF for the text model `text`; CheckpointError names the key or tensor at fault."""
     file = GGUFFile(path)
-    if not file.has("general.architecture") or file.string("general.architecture") != "clip":
-        raise file.error("--mmproj expects a vision projector GGUF (general.architecture 'clip')")
+    if not file.has(ARCHITECTURE_KEY) or file.string(ARCHITECTURE_KEY) != MMPROJ_ARCH:
+        raise file.error(f"--mmproj expects a vision projector GGUF ({ARCHITECTURE_KEY} {MMPROJ_ARCH!r})")
     projector = file.string("clip.projector_type") if file.has("clip.projector_type") else (
         file.string("clip.vision.projector_type") if file.has("clip.vision.projector_type") else None)
     if projector != PROJECTOR_TYPE:
