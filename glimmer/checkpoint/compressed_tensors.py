@@ -141,17 +141,33 @@ def refuse_unmarked_packed_weights(path: Path, files: SafetensorsCheckpoint) -> 
     packed = sorted(name for name in files.tensors if name.endswith(f".{_PACKED}"))
     if packed:
         more = f" and {len(packed) - 1} more" if len(packed) > 1 else ""
-        dtype = files.tensors[packed[0]].dtype
-        if dtype != "U8":  # pack-quantized integers (int32 words) or another packing: no config would make them read
+        differs = _not_nvfp4(files, packed[0].removesuffix(f".{_PACKED}"))
+        if differs:  # pack-quantized int4, MXFP4 or another packing: no config would make them read
             raise CheckpointError(
                 f"{path / 'config.json'} has no quantization_config, but the weights are compressed-tensors packed "
-                f"ones of another scheme than NVFP4 ({packed[0]}{more}, of dtype {dtype} where NVFP4 packs U8), which "
-                f"Glimmer does not read: load the unquantized (bf16) checkpoint, the compressed-tensors NVFP4 release "
-                "or a GGUF")
+                f"ones of another scheme than NVFP4 ({packed[0]}{more}, {differs}), which Glimmer does not read: load "
+                "the unquantized (bf16) checkpoint, the compressed-tensors NVFP4 release or a GGUF")
         raise CheckpointError(
             f"{path / 'config.json'} has no quantization_config, but the weights are compressed-tensors packed ones "
             f"({packed[0]}{more}, with their {_SCALE} and {_GLOBAL}); restore the config.json published with the "
             "checkpoint (its quantization_config says how they are packed), or load the unquantized checkpoint")
+
+
+def _not_nvfp4(files: SafetensorsCheckpoint, module: str) -> str:
+    """How `module`'s packed tensors differ from NVFP4's (U8 codes, an F8_E4M3 weight_scale and a
+    weight_global_scale), or "" where they are NVFP4's: MXFP4 packs U8 codes too, under a U8 exponent scale and no
+    global scale."""
+    packed, scale = files.tensors[f"{module}.{_PACKED}"], files.tensors.get(f"{module}.{_SCALE}")
+    if packed.dtype != "U8":
+        return f"of dtype {packed.dtype} where NVFP4 packs U8"
+    differs = []
+    if scale is None:
+        differs.append(f"without the {_SCALE} NVFP4 has")
+    elif scale.dtype != "F8_E4M3":
+        differs.append(f"its {_SCALE} of dtype {scale.dtype} where NVFP4's is F8_E4M3")
+    if f"{module}.{_GLOBAL}" not in files.tensors:
+        differs.append(f"without the {_GLOBAL} NVFP4 has")
+    return ", ".join(differs)
 
 
 def _refuse_gptq_or_awq_weights(path: Path, files: SafetensorsCheckpoint) -> None:

@@ -334,29 +334,39 @@ def test_gptq_or_awq_packed_weights_without_a_quantization_config_are_refused_na
         load_model(tmp_path / scheme, progress=False)
 
 
-def test_int4_pack_quantized_weights_without_a_quantization_config_are_refused_as_such(tiny_checkpoint, tmp_path):
-    # compressed-tensors' pack-quantized W4A16 (int4): eight codes an int32 word, a scale per group and the weight's
-    # shape, no global scale; the config that says so was dropped, and restoring it would be refused too
-    shutil.copytree(tiny_checkpoint, tmp_path / "int4")
-    state = load_file(str(tmp_path / "int4" / "model.safetensors"))
+# compressed-tensors' other packed schemes, their config dropped (restoring it would be refused too):
+# pack-quantized W4A16 (int4) is eight codes an int32 word, a bf16 scale per 32 inputs and the weight's shape;
+# MXFP4 packs two E2M1 codes a byte as NVFP4 does, but its scale per 32 inputs is a U8 exponent, with no global scale
+@pytest.mark.parametrize(("scheme", "differs"), [
+    ("int4", r"of dtype I32 where NVFP4 packs U8"),
+    ("mxfp4", r"its weight_scale of dtype U8 where NVFP4's is F8_E4M3, without the weight_global_scale NVFP4 has"),
+])
+def test_packed_weights_of_another_scheme_without_a_quantization_config_are_refused_as_such(
+        tiny_checkpoint, tmp_path, scheme, differs):
+    shutil.copytree(tiny_checkpoint, tmp_path / scheme)
+    state = load_file(str(tmp_path / scheme / "model.safetensors"))
     packed = {}
     for name, tensor in state.items():
         module = name.removesuffix(".weight")
         if name.endswith(".weight") and any(module.endswith(linear) for linear in LINEARS):
             rows, columns = tensor.shape
-            packed[f"{module}.weight_packed"] = torch.zeros(rows, columns // 8, dtype=torch.int32)
-            packed[f"{module}.weight_scale"] = torch.ones(rows, columns // 32, dtype=torch.bfloat16)
-            packed[f"{module}.weight_shape"] = torch.tensor([rows, columns])
+            if scheme == "int4":
+                packed[f"{module}.weight_packed"] = torch.zeros(rows, columns // 8, dtype=torch.int32)
+                packed[f"{module}.weight_scale"] = torch.ones(rows, columns // 32, dtype=torch.bfloat16)
+                packed[f"{module}.weight_shape"] = torch.tensor([rows, columns])
+            else:
+                packed[f"{module}.weight_packed"] = torch.zeros(rows, columns // 2, dtype=torch.uint8)
+                packed[f"{module}.weight_scale"] = torch.full((rows, columns // 32), 127, dtype=torch.uint8)
         else:
             packed[name] = tensor
-    save_file(packed, str(tmp_path / "int4" / "model.safetensors"))
+    save_file(packed, str(tmp_path / scheme / "model.safetensors"))
     with pytest.raises(CheckpointError, match=(
-            r"int4/config\.json has no quantization_config, but the weights are compressed-tensors packed ones of "
-            r"another scheme than NVFP4 \(model\.language_model\.layers\.0\.mlp\.down_proj\.weight_packed and 63 "
-            r"more, of dtype I32 where NVFP4 packs U8\), which Glimmer does not read: load the unquantized \(bf16\) "
-            r"checkpoint, the compressed-tensors NVFP4 release or a GGUF")) as refused:
-        load_model(tmp_path / "int4", progress=False)
-    assert "weight_global_scale" not in str(refused.value)
+            rf"{scheme}/config\.json has no quantization_config, but the weights are compressed-tensors packed ones "
+            r"of another scheme than NVFP4 \(model\.language_model\.layers\.0\.mlp\.down_proj\.weight_packed and "
+            rf"63 more, {differs}\), which Glimmer does not read: load the unquantized \(bf16\) checkpoint, the "
+            r"compressed-tensors NVFP4 release or a GGUF")) as refused:
+        load_model(tmp_path / scheme, progress=False)
+    assert "restore the config" not in str(refused.value)
 
 
 @pytest.mark.parametrize(("dtype", "stored", "scale"), [(torch.float8_e4m3fn, "F8_E4M3", "weight_scale"),
