@@ -130,27 +130,79 @@ def open_compressed_tensors(path: Path, raw: dict[str, Any], *, weights: bool = 
     return CompressedTensorsCheckpoint(config, MappedTensors(path, entries, files.total_bytes), layout, types, summary)
 
 
+# the kinds of quantized weights find_quantized_weights tells apart
+PACKED, GPTQ_OR_AWQ, EIGHT_BIT = "compressed-tensors packed", "GPTQ or AWQ packed", "8-bit"
+
+
+@dataclass(frozen=True)
+class QuantizedWeights:
+    """A quantizer's tensors in place of Linear weights: the first of `kind` (sorted by name) and how many more."""
+    kind: str  # PACKED (weight_packed), GPTQ_OR_AWQ (qweight) or EIGHT_BIT (weight in 8 bits)
+    first: str
+    more: int
+    scale: str = ""  # EIGHT_BIT: the name of the scale beside `first` (weight_scale or weight_scale_inv)
+
+
+def find_quantized_weights(files: SafetensorsCheckpoint) -> QuantizedWeights | None:
+    """The quantized Linear weights among `files`' tensors, whatever their config says, or None: GPTQ's or AWQ's
+    `qweight`s, FP8 or INT8 `weight`s beside their scale (compressed-tensors' float- and int-quantized formats keep
+    the name `weight`; DeepSeek-style FP8 blocks name the scale `weight_scale_inv`), compressed-tensors'
+    `weight_packed`s; the first kind found in that order."""
+    qweights = sorted(name for name in files.tensors if name.endswith(".qweight"))
+    if qweights:
+        return QuantizedWeights(GPTQ_OR_AWQ, qweights[0], len(qweights) - 1)
+    eight_bit = sorted((name, scale) for name, info in files.tensors.items()
+                       if name.endswith(".weight") and info.dtype in _8_BIT_DTYPES
+                       for scale in _8_BIT_SCALES if f"{name.removesuffix('.weight')}.{scale}" in files.tensors)
+    if eight_bit:
+        return QuantizedWeights(EIGHT_BIT, eight_bit[0][0], len(eight_bit) - 1, scale=eight_bit[0][1])
+    packed = sorted(name for name in files.tensors if name.endswith(f".{_PACKED}"))
+    if packed:
+        return QuantizedWeights(PACKED, packed[0], len(packed) - 1)
+    return None
+
+
+def describe_quantized_weights(found: QuantizedWeights, files: SafetensorsCheckpoint) -> str:
+    """The first of `found`, how many more and, for 8-bit weights, their dtype and scale: "x.weight and 13 more, of
+    dtype F8_E4M3 beside their weight_scale"."""
+    shown = found.first + (f" and {found.more} more" if found.more else "")
+    if found.kind == EIGHT_BIT:
+        shown += f", of dtype {files.tensors[found.first].dtype} beside their {found.scale}"
+    return shown
+
+
 def refuse_unmarked_packed_weights(path: Path, files: SafetensorsCheckpoint) -> None:
     """Refuse a directory whose weights are compressed-tensors packed ones but whose config.json has no
     `quantization_config` (a tool that rewrote the config dropped it): read as a plain checkpoint, every quantized
     Linear would be missing and its packed tensors unexpected, blaming the layout; GPTQ or AWQ packed weights, whose
-    scheme lies in a file of their own, and FP8 or INT8 weights beside their scales are refused too. Returns where
-    none is packed."""
-    _refuse_gptq_or_awq_weights(path, files)
-    _refuse_eight_bit_weights(path, files)
-    packed = sorted(name for name in files.tensors if name.endswith(f".{_PACKED}"))
-    if packed:
-        more = f" and {len(packed) - 1} more" if len(packed) > 1 else ""
-        differs = _not_nvfp4(files, packed[0].removesuffix(f".{_PACKED}"))
-        if differs:  # pack-quantized int4, MXFP4 or another packing: no config would make them read
-            raise CheckpointError(
-                f"{path / 'config.json'} has no quantization_config, but the weights are compressed-tensors packed "
-                f"ones of another scheme than NVFP4 ({packed[0]}{more}, {differs}), which Glimmer does not read: load "
-                "the unquantized (bf16) checkpoint, the compressed-tensors NVFP4 release or a GGUF")
+    scheme lies in a file of their own (AutoGPTQ's quantize_config.json, AutoAWQ's quant_config.json), and FP8 or
+    INT8 weights beside their scales are refused too. Returns where none is quantized."""
+    found = find_quantized_weights(files)
+    if found is None:
+        return
+    shown = describe_quantized_weights(found, files)
+    if found.kind == GPTQ_OR_AWQ:
+        settings = [name for name in ("quantize_config.json", "quant_config.json") if (path / name).is_file()]
+        described = f"; {settings[0]} describes them" if settings else ""
         raise CheckpointError(
-            f"{path / 'config.json'} has no quantization_config, but the weights are compressed-tensors packed ones "
-            f"({packed[0]}{more}, with their {_SCALE} and {_GLOBAL}); restore the config.json published with the "
-            "checkpoint (its quantization_config says how they are packed), or load the unquantized checkpoint")
+            f"{path} holds GPTQ or AWQ packed weights ({shown}, with their qzeros and scales{described}), which "
+            f"Glimmer does not read: load the unquantized (bf16) checkpoint, the compressed-tensors "
+            f"{SCHEME.split()[0]} release or a GGUF")
+    if found.kind == EIGHT_BIT:
+        raise CheckpointError(
+            f"{path / 'config.json'} has no quantization_config, but the weights are 8-bit quantized ones ({shown}), "
+            f"which Glimmer does not read: load the unquantized (bf16) checkpoint, the compressed-tensors "
+            f"{SCHEME.split()[0]} release or a GGUF")
+    differs = _not_nvfp4(files, found.first.removesuffix(f".{_PACKED}"))
+    if differs:  # pack-quantized int4, MXFP4 or another packing: no config would make them read
+        raise CheckpointError(
+            f"{path / 'config.json'} has no quantization_config, but the weights are compressed-tensors packed "
+            f"ones of another scheme than NVFP4 ({shown}, {differs}), which Glimmer does not read: load "
+            "the unquantized (bf16) checkpoint, the compressed-tensors NVFP4 release or a GGUF")
+    raise CheckpointError(
+        f"{path / 'config.json'} has no quantization_config, but the weights are compressed-tensors packed ones "
+        f"({shown}, with their {_SCALE} and {_GLOBAL}); restore the config.json published with the "
+        "checkpoint (its quantization_config says how they are packed), or load the unquantized checkpoint")
 
 
 def _not_nvfp4(files: SafetensorsCheckpoint, module: str) -> str:
@@ -168,38 +220,6 @@ def _not_nvfp4(files: SafetensorsCheckpoint, module: str) -> str:
     if f"{module}.{_GLOBAL}" not in files.tensors:
         differs.append(f"without the {_GLOBAL} NVFP4 has")
     return ", ".join(differs)
-
-
-def _refuse_gptq_or_awq_weights(path: Path, files: SafetensorsCheckpoint) -> None:
-    """Refuse a directory of GPTQ or AWQ packed weights (each Linear's `qweight`, `qzeros` and `scales` in place of
-    its weight): AutoGPTQ describes them in quantize_config.json and AutoAWQ in quant_config.json, not in config.json,
-    so read as a plain checkpoint every Linear would be missing and the tensor names blamed on another model."""
-    packed = sorted(name for name in files.tensors if name.endswith(".qweight"))
-    if not packed:
-        return
-    more = f" and {len(packed) - 1} more" if len(packed) > 1 else ""
-    settings = [name for name in ("quantize_config.json", "quant_config.json") if (path / name).is_file()]
-    described = f"; {settings[0]} describes them" if settings else ""
-    raise CheckpointError(
-        f"{path} holds GPTQ or AWQ packed weights ({packed[0]}{more}, with their qzeros and scales{described}), which "
-        f"Glimmer does not read: load the unquantized (bf16) checkpoint, the compressed-tensors {SCHEME.split()[0]} "
-        "release or a GGUF")
-
-
-def _refuse_eight_bit_weights(path: Path, files: SafetensorsCheckpoint) -> None:
-    """Refuse FP8 or INT8 weights beside their scales (compressed-tensors' float- and int-quantized formats keep the
-    name `weight`; DeepSeek-style FP8 blocks name the scale `weight_scale_inv`) under a config.json without
-    `quantization_config`: read as a plain checkpoint, each scale would be blamed on another model's names."""
-    quantized = sorted((name, scale) for name, info in files.tensors.items()
-                       if name.endswith(".weight") and info.dtype in _8_BIT_DTYPES
-                       for scale in _8_BIT_SCALES if f"{name.removesuffix('.weight')}.{scale}" in files.tensors)
-    if quantized:
-        (name, scale), more = quantized[0], len(quantized) - 1
-        raise CheckpointError(
-            f"{path / 'config.json'} has no quantization_config, but the weights are 8-bit quantized ones ({name} of "
-            f"dtype {files.tensors[name].dtype} beside its {scale}" + (f", and {more} more" if more else "") + "), "
-            f"which Glimmer does not read: load the unquantized (bf16) checkpoint, the compressed-tensors "
-            f"{SCHEME.split()[0]} release or a GGUF")
 
 
 def read_quantization_config(spec: Any, source: str) -> tuple[str, ...]:

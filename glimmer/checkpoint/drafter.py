@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from glimmer.checkpoint.broken_links import refuse_not_a_file
+from glimmer.checkpoint.compressed_tensors import describe_quantized_weights, find_quantized_weights
 from glimmer.checkpoint.config import DrafterConfig, TextConfig, too_many_layers
 from glimmer.checkpoint.config_common_fields import read_rope_parameters
 from glimmer.checkpoint.config_fields import Notes, Section, dtype_field_warnings
@@ -236,10 +237,6 @@ class DrafterCheckpoint:
             raise ConfigError(message) from None
 
 
-# the names a quantizer gives a Linear's packed codes in place of its weight (compressed-tensors; GPTQ and AWQ)
-_PACKED_SUFFIXES = (".weight_packed", ".qweight")
-
-
 def open_drafter_checkpoint(
     path: str | os.PathLike, *, mask_token_id: Callable[[], int], weights: bool = True
 ) -> DrafterCheckpoint:
@@ -298,20 +295,20 @@ def open_drafter_checkpoint(
     _check_rope_flag(raw or {}, config_path, DRAFTER_CANONICAL)
     files = SafetensorsCheckpoint(directory) if weights else None
     if files is not None:
-        _refuse_packed_weights(config_path, files)
+        _refuse_quantized_weights(config_path, files)
     return DrafterCheckpoint(config, files, DRAFTER_CANONICAL, directory)
 
 
-def _refuse_packed_weights(config_path: Path, files: SafetensorsCheckpoint) -> None:
-    """Refuse a drafter whose weights are packed by a quantizer (compressed-tensors' `weight_packed`, GPTQ's or AWQ's
-    `qweight`) though its config.json has no quantization_config: read as it is, every Linear would be missing and
-    its packed tensors blamed on another model's names."""
-    packed = sorted(name for name in files.tensors if name.endswith(_PACKED_SUFFIXES))
-    if packed:
-        more = f" and {len(packed) - 1} more" if len(packed) > 1 else ""
-        raise CheckpointError(f"{files.directory} holds quantized weights ({packed[0]}{more}) though its "
-                              f"{config_path.name} has no quantization_config: quantized drafters are not supported "
-                              "yet; use the unquantized (bf16) drafter")
+def _refuse_quantized_weights(config_path: Path, files: SafetensorsCheckpoint) -> None:
+    """Refuse a drafter whose weights a quantizer wrote (compressed-tensors' `weight_packed`, GPTQ's or AWQ's
+    `qweight`, FP8 or INT8 `weight`s beside their scale) though its config.json has no quantization_config: read as
+    it is, every Linear would be missing (or of an unsupported dtype) and its quantizer's tensors blamed on another
+    model's names."""
+    found = find_quantized_weights(files)
+    if found is not None:
+        raise CheckpointError(f"{files.directory} holds quantized weights ({describe_quantized_weights(found, files)}) "
+                              f"though its {config_path.name} has no quantization_config: quantized drafters are not "
+                              "supported yet; use the unquantized (bf16) drafter")
 
 
 def _refuse_two_weight_sets(directory: Path, native: Path) -> None:

@@ -389,8 +389,8 @@ def test_fp8_or_int8_weights_without_a_quantization_config_are_refused_as_such(t
     save_file(quantized, str(tmp_path / "w8" / "model.safetensors"))
     with pytest.raises(CheckpointError, match=(
             rf"w8/config\.json has no quantization_config, but the weights are 8-bit quantized ones "
-            rf"\(model\.language_model\.layers\.0\.mlp\.down_proj\.weight of dtype {stored} beside its {scale}, and "
-            r"63 more\), which Glimmer does not read: load the unquantized \(bf16\) checkpoint, the "
+            rf"\(model\.language_model\.layers\.0\.mlp\.down_proj\.weight and 63 more, of dtype {stored} "
+            rf"beside their {scale}\), which Glimmer does not read: load the unquantized \(bf16\) checkpoint, the "
             r"compressed-tensors NVFP4 release or a GGUF")):
         load_model(tmp_path / "w8", progress=False)
 
