@@ -31,6 +31,7 @@ where the same float32 arithmetic takes a fraction of a second that takes minute
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 from collections.abc import Callable, Mapping
@@ -182,10 +183,13 @@ def refuse_unmarked_packed_weights(path: Path, files: SafetensorsCheckpoint) -> 
         return
     shown = describe_quantized_weights(found, files)
     if found.kind == GPTQ_OR_AWQ:
+        module = found.first.removesuffix(".qweight")
+        companions = [part for part in ("qzeros", "scales") if f"{module}.{part}" in files.tensors]
+        shown += f", with their {' and '.join(companions)}" if companions else ""
         settings = [name for name in ("quantize_config.json", "quant_config.json") if (path / name).is_file()]
-        described = f"; {settings[0]} describes them" if settings else ""
+        shown += f"; {settings[0]} describes them" if settings else ""
         raise CheckpointError(
-            f"{path} holds GPTQ or AWQ packed weights ({shown}, with their qzeros and scales{described}), which "
+            f"{path} holds GPTQ or AWQ packed weights ({shown}), which "
             f"Glimmer does not read: load the unquantized (bf16) checkpoint, the compressed-tensors "
             f"{SCHEME.split()[0]} release or a GGUF")
     if found.kind == EIGHT_BIT:
@@ -257,8 +261,8 @@ def read_quantization_config(spec: Any, source: str) -> tuple[str, ...]:
                                   f"checkpoint quantized to {SCHEME} alone")
     ignore = spec.get("ignore")  # which modules are quantized is read from the tensors; the list is only checked
     if ignore is not None and not (isinstance(ignore, list) and all(isinstance(item, str) for item in ignore)):
-        raise CheckpointError(f"{source}: {name}.ignore={ignore!r} is invalid; expected a list of module names or "
-                              "'re:' patterns (such as ['lm_head', 're:.*vision.*']), or null")
+        raise CheckpointError(f"{source}: {name}.ignore={json.dumps(ignore)} is invalid; expected a list of module "
+                              'names or "re:" patterns (such as ["lm_head", "re:.*vision.*"]), or null')
     groups = spec.get("config_groups")
     if not isinstance(groups, Mapping) or not groups:
         raise CheckpointError(f"{source}: {name}.config_groups must be a non-empty JSON object of quantization "

@@ -334,6 +334,27 @@ def test_gptq_or_awq_packed_weights_without_a_quantization_config_are_refused_na
         load_model(tmp_path / scheme, progress=False)
 
 
+def test_gptq_packed_weights_name_only_the_companions_they_have(tiny_checkpoint, tmp_path):
+    # a GPTQ export without qzeros (symmetric, the zero point implied) is named with its scales alone
+    shutil.copytree(tiny_checkpoint, tmp_path / "gptq")
+    state = load_file(str(tmp_path / "gptq" / "model.safetensors"))
+    packed = {}
+    for name, tensor in state.items():
+        module = name.removesuffix(".weight")
+        if name.endswith(".weight") and any(module.endswith(linear) for linear in LINEARS):
+            rows, columns = tensor.shape
+            packed[f"{module}.qweight"] = torch.zeros(columns // 8, rows, dtype=torch.int32)
+            packed[f"{module}.scales"] = torch.ones(1, rows, dtype=torch.float16)
+        else:
+            packed[name] = tensor
+    save_file(packed, str(tmp_path / "gptq" / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=(
+            r"gptq holds GPTQ or AWQ packed weights \(model\.language_model\.layers\.0\.mlp\.down_proj\.qweight and "
+            r"63 more, with their scales\), which Glimmer does not read")) as refused:
+        load_model(tmp_path / "gptq", progress=False)
+    assert "qzeros" not in str(refused.value)
+
+
 # compressed-tensors' other packed schemes, their config dropped (restoring it would be refused too):
 # pack-quantized W4A16 (int4) is eight codes an int32 word, a bf16 scale per 32 inputs and the weight's shape;
 # MXFP4 packs two E2M1 codes a byte as NVFP4 does, but its scale per 32 inputs is a U8 exponent, with no global scale
@@ -492,13 +513,18 @@ MXFP4 = {"targets": ["Linear"], "format": "mxfp4-pack-quantized",
          "weights": dict(NVFP4_WEIGHTS, group_size=32, strategy="group")}
 
 
-@pytest.mark.parametrize("ignore", ["lm_head", {"lm_head": True}, ["lm_head", 3]])
-def test_an_ignore_list_that_is_no_list_of_module_names_is_refused_naming_it(make_tiny, tmp_path, ignore):
-    # compressed-tensors reads `ignore` as a list of names or re: patterns; a string was taken as it stood
+@pytest.mark.parametrize(("ignore", "shown"), [
+    ("lm_head", '"lm_head"'), ({"lm_head": True}, '{"lm_head": true}'), (["lm_head", 3], '["lm_head", 3]'),
+    (["lm_head", None], '["lm_head", null]'), (False, "false"),
+])
+def test_an_ignore_list_that_is_no_list_of_module_names_is_refused_naming_it_as_json(make_tiny, tmp_path, ignore,
+                                                                                     shown):
+    # compressed-tensors reads `ignore` as a list of names or re: patterns; a string was taken as it stood. The value
+    # is shown as config.json has it (null, false), not as Python writes it (None, False)
     write_nvfp4(make_tiny(), tmp_path / "ignore", config_edit=lambda c: c.update(ignore=ignore))
     with pytest.raises(CheckpointError, match=(
-            rf"quantization_config\.ignore={re.escape(repr(ignore))} is invalid; expected a list of module names or "
-            r"'re:' patterns \(such as \['lm_head', 're:\.\*vision\.\*'\]\), or null")):
+            rf"quantization_config\.ignore={re.escape(shown)} is invalid; expected a list of module names or "
+            r'"re:" patterns \(such as \["lm_head", "re:\.\*vision\.\*"\]\), or null')):
         load_model(tmp_path / "ignore", progress=False)
 
 
