@@ -74,6 +74,8 @@ _DTYPE_BYTES = {"U8": 1, "F8_E4M3": 1, "F32": 4, "F16": 2, "BF16": 2}
 # the text decoder's Linear layers, the only modules that may be quantized
 _TEXT_LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                  "self_attn.gate_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+# what a refusal of weights Glimmer does not read advises instead
+_LOAD_INSTEAD = "load the unquantized (bf16) checkpoint, the compressed-tensors NVFP4 release or a GGUF"
 _NVFP4_ARGS = {"type": "float", "num_bits": 4, "group_size": GROUP_SIZE, "strategy": "tensor_group"}
 _SCHEME_TEXT = (f"{SCHEME}: FP4 E2M1 weights, an FP8 E4M3 scale per {GROUP_SIZE} inputs and an FP32 global scale "
                 "per tensor; activations unquantized")
@@ -189,20 +191,16 @@ def refuse_unmarked_packed_weights(path: Path, files: SafetensorsCheckpoint) -> 
         settings = [name for name in ("quantize_config.json", "quant_config.json") if (path / name).is_file()]
         shown += f"; {settings[0]} describes them" if settings else ""
         raise CheckpointError(
-            f"{path} holds GPTQ or AWQ packed weights ({shown}), which "
-            f"Glimmer does not read: load the unquantized (bf16) checkpoint, the compressed-tensors "
-            f"{SCHEME.split()[0]} release or a GGUF")
+            f"{path} holds GPTQ or AWQ packed weights ({shown}), which Glimmer does not read: {_LOAD_INSTEAD}")
     if found.kind == EIGHT_BIT:
         raise CheckpointError(
             f"{path / 'config.json'} has no quantization_config, but the weights are 8-bit quantized ones ({shown}), "
-            f"which Glimmer does not read: load the unquantized (bf16) checkpoint, the compressed-tensors "
-            f"{SCHEME.split()[0]} release or a GGUF")
+            f"which Glimmer does not read: {_LOAD_INSTEAD}")
     differs = _not_nvfp4(files, found.first.removesuffix(f".{_PACKED}"))
     if differs:  # pack-quantized int4, MXFP4 or another packing: no config would make them read
         raise CheckpointError(
             f"{path / 'config.json'} has no quantization_config, but the weights are compressed-tensors packed "
-            f"ones of another scheme than NVFP4 ({shown}, {differs}), which Glimmer does not read: load "
-            "the unquantized (bf16) checkpoint, the compressed-tensors NVFP4 release or a GGUF")
+            f"ones of another scheme than NVFP4 ({shown}, {differs}), which Glimmer does not read: {_LOAD_INSTEAD}")
     raise CheckpointError(
         f"{path / 'config.json'} has no quantization_config, but the weights are compressed-tensors packed ones "
         f"({shown}, with their {_SCALE} and {_GLOBAL}); restore the config.json published with the "
