@@ -88,6 +88,7 @@ class CompressedTensorsCheckpoint:
     weight_layout: str
     tensor_types: dict[str, int]
     quantization: dict[str, Any]  # for `glimmer inspect`
+    quantized_bytes: int | None = None  # the quantized modules' tensors on disk; None: the config alone was read
 
 
 def quantization_config_of(raw: Mapping[str, Any]) -> Any:
@@ -123,14 +124,16 @@ def open_compressed_tensors(path: Path, raw: dict[str, Any], *, weights: bool = 
     config = dataclasses.replace(config, warnings=(*config.warnings, *files.warnings))
     layout = detect_weight_layout(files.names())
     entries, types, quantized = _entries(files, config, layout)
+    quantized_bytes = sum(_bytes(files.tensors[f"{module}.{part}"]) for module in quantized
+                          for part in (_PACKED, _SCALE, _GLOBAL))
     summary |= {
         "quantized_modules": len(quantized),
         "quantized_module_kinds": sorted({_module_kind(module) for module in quantized}),
-        "quantized_bytes": sum(_bytes(files.tensors[f"{module}.{part}"]) for module in quantized
-                               for part in (_PACKED, _SCALE, _GLOBAL)),
+        "quantized_bytes": quantized_bytes,
         "dequantized_to": "the model dtype, when loaded",
     }
-    return CompressedTensorsCheckpoint(config, MappedTensors(path, entries, files.total_bytes), layout, types, summary)
+    return CompressedTensorsCheckpoint(config, MappedTensors(path, entries, files.total_bytes), layout, types, summary,
+                                       quantized_bytes)
 
 
 # the kinds of quantized weights find_quantized_weights tells apart

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from glimmer.checkpoint.compressed_tensors import (
+    SCHEME,
     open_compressed_tensors,
     quantization_config_of,
     refuse_unmarked_packed_weights,
@@ -81,6 +82,9 @@ class OpenedCheckpoint:
     tensor_types: dict[str, int] | None = None
     # compressed-tensors: the quantization scheme, its modules and their bytes on disk, for `glimmer inspect`
     quantization: dict[str, Any] | None = None
+    # quantized weights, dequantized on load: their scheme and their bytes on disk (None: none, or none read)
+    quantized_scheme: str | None = None
+    quantized_bytes: int | None = None
     # GGUF: the embedded tokenizer (a GGUFTokenizer); None: tokenizer.json etc. in the directory
     tokenizer: Any = None
     # GGUF with --mmproj: the preprocessing settings as a preprocessor_config.json dict
@@ -233,7 +237,8 @@ def _open_compressed_tensors(path: Path, raw: dict[str, Any], weights: bool) -> 
         _check_rope_flag(path, found.weight_layout)
     return OpenedCheckpoint(path, COMPRESSED_TENSORS, found.config, found.tensors, found.weight_layout,
                             ROPE_LAYOUT[found.weight_layout], tensor_types=found.tensor_types or None,
-                            quantization=found.quantization)
+                            quantization=found.quantization, quantized_scheme=SCHEME,
+                            quantized_bytes=found.quantized_bytes)
 
 
 def _open_gguf(path: Path, mmproj: str | os.PathLike | None) -> OpenedCheckpoint:

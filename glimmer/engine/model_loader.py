@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from glimmer.checkpoint.compressed_tensors import SCHEME
 from glimmer.checkpoint.config import DrafterConfig, ModelConfig
 from glimmer.checkpoint.drafter import CONVERTER_CONSTANTS_LAYOUT, open_drafter_checkpoint
 from glimmer.checkpoint.formats import OpenedCheckpoint, open_checkpoint
@@ -77,7 +76,8 @@ def load_model(
     config = untie_if_lm_head_stored(drop_vision_if_absent(opened.config, files, layout), files, layout)
     model = _meta_model(config, dtype)
     plan = plan_weights(config, files, expected_parameters(model, config), layout)
-    check_fits_in_host_memory(model, device, dtype, dequantized_from=_quantized_weights_stored(opened))
+    check_fits_in_host_memory(model, device, dtype, quantized_scheme=opened.quantized_scheme,
+                              quantized_bytes=opened.quantized_bytes)
     model = model.to_empty(device=device)
     fill_parameters(model, plan, files, progress=progress)
     if config.text.tie_word_embeddings:
@@ -88,15 +88,6 @@ def load_model(
     logger.info("loaded %s (%s %s weights, %s config) on %s as %s", opened.path, opened.format, stored,
                 config.config_layout, device, dtype)
     return LoadedModel(model=model, config=config, weight_layout=stored)
-
-
-def _quantized_weights_stored(opened: OpenedCheckpoint) -> str | None:
-    """'its NVFP4 W4A16 weights, N bytes on disk' for a compressed-tensors checkpoint (dequantized on load), or
-    None."""
-    quantization = opened.quantization or {}
-    if "quantized_bytes" not in quantization:
-        return None
-    return f"its {SCHEME} weights, {quantization['quantized_bytes']:,} bytes on disk"
 
 
 def _meta_model(config: ModelConfig, dtype: torch.dtype) -> MuseGlimmerForConditionalGeneration:

@@ -305,9 +305,14 @@ def test_serving_the_30b_geometry_on_a_small_cpu_fails_with_one_line(tmp_path):
 def test_quantized_weights_that_do_not_fit_once_dequantized_are_refused_saying_so(host, tmp_path):
     """An NVFP4 checkpoint of 18 GB on disk was told its weights need 111 GiB, with no word of why: its weights are
     dequantized on load, which the refusal now says beside their size on disk."""
+    from safetensors.torch import load_file
+
     path = write_tiny_checkpoint(tmp_path / "nvfp4", quantize="nvfp4")
+    stored = sum(tensor.nbytes for name, tensor in load_file(str(path / "model.safetensors")).items()
+                 if name.endswith((".weight_packed", ".weight_scale", ".weight_global_scale")))
     host.meminfo(mem_kb=1)
     with pytest.raises(ConfigError, match=(
-            r"^the model's weights need \d+\.\d MiB as float32 on the CPU \(its NVFP4 W4A16 weights, [\d,]+ bytes on "
-            r"disk, are dequantized to float32 when they load\), more than this machine's ")):
+            rf"^the model's weights need \d+\.\d MiB as float32 on the CPU \(its NVFP4 W4A16 weights, "
+            rf"{stored / (1 << 20):.1f} MiB on disk, are dequantized to float32 when they load\), more than this "
+            "machine's ")):
         load_model(path, progress=False)
