@@ -70,7 +70,6 @@ _FLOAT_GLOBAL_DTYPES = ("F32", "F16", "BF16")
 # compressed-tensors' FP8 and INT8 weights: stored as `weight` in 8 bits beside a scale of one of these names
 _8_BIT_DTYPES = ("F8_E4M3", "F8_E5M2", "I8")
 _8_BIT_SCALES = ("weight_scale", "weight_scale_inv")
-_DTYPE_BYTES = {"U8": 1, "F8_E4M3": 1, "F32": 4, "F16": 2, "BF16": 2}
 # the text decoder's Linear layers, the only modules that may be quantized
 _TEXT_LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                  "self_attn.gate_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
@@ -124,7 +123,7 @@ def open_compressed_tensors(path: Path, raw: dict[str, Any], *, weights: bool = 
     config = dataclasses.replace(config, warnings=(*config.warnings, *files.warnings))
     layout = detect_weight_layout(files.names())
     entries, types, quantized = _entries(files, config, layout)
-    quantized_bytes = sum(_bytes(files.tensors[f"{module}.{part}"]) for module in quantized
+    quantized_bytes = sum(files.tensors[f"{module}.{part}"].num_bytes for module in quantized
                           for part in (_PACKED, _SCALE, _GLOBAL))
     summary |= {
         "quantized_modules": len(quantized),
@@ -487,10 +486,6 @@ def _module_kind(module: str) -> str:
         if part.isdigit():
             return ".".join(parts[i + 1:])
     return module
-
-
-def _bytes(info: TensorInfo) -> int:
-    return math.prod(info.shape) * _DTYPE_BYTES.get(info.dtype, 4)
 
 
 # Writing (`glimmer make-tiny --quantize nvfp4`): what llm-compressor's NVFP4A16 recipe writes, for test artifacts

@@ -57,6 +57,10 @@ class MlxArtifact:
     tensors: MappedTensors
     rope_layout: str
     tensor_types: dict[str, int]
+    # the quantized modules' codes, scales and biases, dequantized on load: their bits ("MLX affine 4-bit") and bytes on
+    # disk (None: none is quantized)
+    quantized_scheme: str | None = None
+    quantized_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -83,7 +87,12 @@ def open_mlx_artifact(path: Path, raw: dict[str, Any]) -> MlxArtifact:
     config = dataclasses.replace(config, warnings=(*config.warnings, *files.warnings))  # files left out
     entries, types = _entries(files, config.text, default, overrides, interleaved, spec_key)
     rope = "interleaved (permuted to rotate-half on load)" if interleaved else "rotate-half"
-    return MlxArtifact(config, MappedTensors(path, entries, files.total_bytes), rope, types)
+    quantized = [name.removesuffix(".scales") for name in files.tensors if name.endswith(".scales")]  # checked above
+    bits = sorted({label.split()[1] for label in types if label.startswith("affine ")}, key=lambda b: int(b[:-4]))
+    return MlxArtifact(config, MappedTensors(path, entries, files.total_bytes), rope, types,
+                       quantized_scheme=f"MLX affine {'/'.join(bits)}" if bits else None,
+                       quantized_bytes=sum(files.tensors[f"{module}.{part}"].num_bytes for module in quantized
+                                           for part in ("weight", "scales", "biases")) if quantized else None)
 
 
 def refuse_unmarked_artifact(path: Path, raw: dict[str, Any], files: SafetensorsCheckpoint, text: TextConfig) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -59,6 +60,16 @@ class TensorInfo:
     dtype: str
     file: Path
     stored_name: str | None = None  # the file's own name, where a reader renamed it (GGUF's blk.2.ffn_up.weight)
+
+    @property
+    def num_bytes(self) -> int:
+        """The tensor's size in its file."""
+        return math.prod(self.shape) * _DTYPE_BYTES[self.dtype]
+
+
+# the safetensors dtypes' sizes in bytes
+_DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
+                "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "BOOL": 1}
 
 
 # buffers older Hugging Face exports saved with the weights; transformers ignores them on load, and Glimmer

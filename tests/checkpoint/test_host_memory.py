@@ -316,3 +316,42 @@ def test_quantized_weights_that_do_not_fit_once_dequantized_are_refused_saying_s
             rf"{stored / (1 << 20):.1f} MiB on disk, are dequantized to float32 when they load\), more than this "
             "machine's ")):
         load_model(path, progress=False)
+
+
+def test_gguf_quantized_weights_that_do_not_fit_once_dequantized_are_refused_saying_so(host, tmp_path):
+    """A Q8_0 GGUF was told the size of its dequantized weights alone, as NVFP4 checkpoints were: its quantized
+    tensors, dequantized on load, are named by type with their size in the file."""
+    from gguf import GGMLQuantizationType
+    from gguf_export import export_text_gguf
+
+    from glimmer.checkpoint.gguf_file import GGUFFile
+
+    path = export_text_gguf(write_tiny_checkpoint(tmp_path / "tiny"), tmp_path / "tiny.gguf", GGMLQuantizationType.Q8_0)
+    stored = sum(entry.num_bytes for entry in GGUFFile(path).tensors.values() if entry.type_name == "Q8_0")
+    host.meminfo(mem_kb=1)
+    with pytest.raises(ConfigError, match=(
+            rf"^the model's weights need \d+\.\d MiB as float32 on the CPU \(its GGUF Q8_0 weights, "
+            rf"{stored / (1 << 20):.1f} MiB on disk, are dequantized to float32 when they load\), more than this "
+            "machine's ")):
+        load_model(path, progress=False)
+
+
+def test_mlx_quantized_weights_that_do_not_fit_once_dequantized_are_refused_saying_so(host, tmp_path):
+    """A 4-bit MLX artifact was told the size of its dequantized weights alone: its packed codes, scales and
+    biases, dequantized on load, are named with their bits and size on disk."""
+    pytest.importorskip("mlx.core")
+    from gguf_export import canonical_state
+    from mlx_export import export_mlx_artifact
+    from safetensors.torch import load_file
+
+    checkpoint = write_tiny_checkpoint(tmp_path / "tiny")
+    path = export_mlx_artifact(checkpoint, tmp_path / "mlx", canonical_state(checkpoint), bits=4, group_size=32)
+    tensors = load_file(str(path / "model.safetensors"))
+    modules = {name.removesuffix(".scales") for name in tensors if name.endswith(".scales")}
+    stored = sum(tensors[f"{module}.{part}"].nbytes for module in modules for part in ("weight", "scales", "biases"))
+    host.meminfo(mem_kb=1)
+    with pytest.raises(ConfigError, match=(
+            rf"^the model's weights need \d+\.\d MiB as float32 on the CPU \(its MLX affine 4-bit weights, "
+            rf"{stored / (1 << 20):.1f} MiB on disk, are dequantized to float32 when they load\), more than this "
+            "machine's ")):
+        load_model(path, progress=False)
