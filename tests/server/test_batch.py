@@ -585,57 +585,48 @@ def test_an_output_that_is_a_hard_link_to_the_input_is_refused_leaving_the_input
     assert source.read_text() == text
 
 
-def test_sigterm_stops_a_batch_as_ctrl_c_does_keeping_the_records_written(tiny_checkpoint, tmp_path):
-    """`docker stop` or a deleted Kubernetes Job sends SIGTERM: the requests in flight are aborted, the records
-    finished before it are in the output, whole, and the exit code is 143 (SIGTERM killed it, the records still in
-    the output's buffer lost, its last line cut where the buffer had been written)."""
+def _stop_a_running_batch(checkpoint: Path, tmp_path: Path, signal_number: int) -> tuple[list[str], str, int, Path]:
+    """Runs a batch of three quick requests and sixteen long ones, sends `signal_number` once the batch runs; the
+    custom_ids of the records written, stderr, the exit code, and the output's path."""
     quick = [_line(f"quick-{index}", "/v1/completions", {"prompt": "Once", "max_tokens": 1}) for index in range(3)]
     long = [_line(f"long-{index}", "/v1/completions", {"prompt": "Once", "max_tokens": 1900, "ignore_eos": True})
             for index in range(16)]
     source, out, err = tmp_path / "requests.jsonl", tmp_path / "results.jsonl", tmp_path / "stderr.txt"
     source.write_text("\n".join(quick + long) + "\n")
     with err.open("w") as stderr:
-        process = subprocess.Popen([sys.executable, "-m", "glimmer.cli", "run-batch", str(tiny_checkpoint), "-i",
+        process = subprocess.Popen([sys.executable, "-m", "glimmer.cli", "run-batch", str(checkpoint), "-i",
                                     str(source), "-o", str(out), "--max-model-len", "2048"], stderr=stderr)
         try:
             deadline = time.monotonic() + 120
             while "run-batch:" not in err.read_text():  # the progress bar: the engine is loaded, the batch runs
                 assert process.poll() is None and time.monotonic() < deadline, err.read_text()
                 time.sleep(0.1)
-            process.send_signal(signal.SIGTERM)
-            assert process.wait(timeout=60) == 128 + signal.SIGTERM, err.read_text()
+            process.send_signal(signal_number)
+            code = process.wait(timeout=60)
         finally:
             process.kill()
-    records = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [record["custom_id"] for record in records] == [f"quick-{index}" for index in range(3)][:len(records)]
-    assert "stopped by SIGTERM" in err.read_text() and "Traceback" not in err.read_text()
+    records = [json.loads(line)["custom_id"] for line in out.read_text().splitlines()]
+    assert records == [f"quick-{index}" for index in range(3)][:len(records)]
+    return records, err.read_text(), code, out
+
+
+def test_sigterm_stops_a_batch_as_ctrl_c_does_keeping_the_records_written(tiny_checkpoint, tmp_path):
+    """`docker stop` or a deleted Kubernetes Job sends SIGTERM: the requests in flight are aborted, the records
+    finished before it are in the output, whole, and the exit code is 143 (SIGTERM killed it, the records still in
+    the output's buffer lost, its last line cut where the buffer had been written)."""
+    _, stderr, code, _ = _stop_a_running_batch(tiny_checkpoint, tmp_path, signal.SIGTERM)
+    assert code == 128 + signal.SIGTERM, stderr
+    assert "stopped by SIGTERM" in stderr and "Traceback" not in stderr
 
 
 def test_ctrl_c_stops_a_batch_saying_what_was_written_and_exits_130(tiny_checkpoint, tmp_path):
     """Ctrl-C (SIGINT) in a running batch ended it with nothing said (or a traceback): the requests in flight are
     aborted, the records finished before it are in the output, whole, and one line says how many and where."""
-    quick = [_line(f"quick-{index}", "/v1/completions", {"prompt": "Once", "max_tokens": 1}) for index in range(3)]
-    long = [_line(f"long-{index}", "/v1/completions", {"prompt": "Once", "max_tokens": 1900, "ignore_eos": True})
-            for index in range(16)]
-    source, out, err = tmp_path / "requests.jsonl", tmp_path / "results.jsonl", tmp_path / "stderr.txt"
-    source.write_text("\n".join(quick + long) + "\n")
-    with err.open("w") as stderr:
-        process = subprocess.Popen([sys.executable, "-m", "glimmer.cli", "run-batch", str(tiny_checkpoint), "-i",
-                                    str(source), "-o", str(out), "--max-model-len", "2048"], stderr=stderr)
-        try:
-            deadline = time.monotonic() + 120
-            while "run-batch:" not in err.read_text():  # the progress bar: the engine is loaded, the batch runs
-                assert process.poll() is None and time.monotonic() < deadline, err.read_text()
-                time.sleep(0.1)
-            process.send_signal(signal.SIGINT)
-            assert process.wait(timeout=60) == 130, err.read_text()
-        finally:
-            process.kill()
-    records = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [record["custom_id"] for record in records] == [f"quick-{index}" for index in range(3)][:len(records)]
+    records, stderr, code, out = _stop_a_running_batch(tiny_checkpoint, tmp_path, signal.SIGINT)
+    assert code == 130, stderr
     written = f"{len(records)} record{'s' * (len(records) != 1)}"
-    assert f"run-batch: stopped by Ctrl-C; wrote {written} to {out}, those finished before it" in err.read_text()
-    assert "Traceback" not in err.read_text()
+    assert f"run-batch: stopped by Ctrl-C; wrote {written} to {out}, those finished before it" in stderr
+    assert "Traceback" not in stderr
 
 
 def test_no_model_with_dummy_weights_does_not_claim_the_trained_demo(capsys, tmp_path):
