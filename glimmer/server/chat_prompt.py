@@ -193,8 +193,8 @@ def prompt_parts(messages: list[dict[str, Any]], prompt: ChatPrompt, context: Se
     group_media = dict.fromkeys(groups or {}, 0)  # a group's images and videos count in its part
     for (_, path, _), item in zip(media_parts(messages), prompt.multimodal, strict=True):
         group = group_of.get(int(path.removeprefix("messages[").partition("]")[0]))
-        if group is not None:
-            group_media[group] += item.span[1] - item.span[0]
+        if group is not None:  # its rendered text counted the item's placeholder: the rest of its span
+            group_media[group] += item.span[1] - item.span[0] - 1
         else:
             media_tokens[item.kind] += item.span[1] - item.span[0]
     parts = [replace(part, size=part.size + group_media[part.name]) if part.name in group_media else part

@@ -309,7 +309,8 @@ def test_a_prompt_past_the_context_counts_each_image_and_video_with_its_markers_
 def test_images_of_the_conversation_previous_response_id_continues_count_as_that_conversation(checkpoint):
     """A /v1/responses prompt too long after a response whose input held images counted them as `images` ("(images
     630, input 534); shorten or remove images", param `images`'s `input`), though they are in the conversation
-    previous_response_id continues, which shortening the input leaves: they count in its part now."""
+    previous_response_id continues, which shortening the input leaves: they count in its part now, each once (its
+    placeholder was counted twice: previous_response_id 248, input 185, for 244 and 189)."""
     import httpx
 
     image = {"type": "input_image", "image_url": _data_url(_png(1, (300, 200)))}
@@ -322,9 +323,14 @@ def test_images_of_the_conversation_previous_response_id_continues_count_as_that
         response = httpx.post(live.base_url + "/responses", timeout=60, json={
             "model": "tiny", "max_output_tokens": 2, "previous_response_id": first.json()["id"],
             "input": "and these lighthouses? " * 6})
+        alone = httpx.post(live.base_url.removesuffix("/v1") + "/tokenize", timeout=60, json={  # the input's prompt
+            "messages": [{"role": "user", "content": "and these lighthouses? " * 6}]}).json()["count"]
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert "images" not in error["message"] and error["param"] == "previous_response_id", error
+    total = int(re.search(r"the prompt has (\d+) tokens", error["message"])[1])
+    assert f"previous_response_id {total - alone}" in error["message"], (alone, error)
+    assert re.search(rf"\binput {alone}\b", error["message"]), (alone, error)
 
 
 @contextlib.contextmanager
