@@ -46,6 +46,7 @@ from glimmer.multimodal.sources import (
     is_remote_reference,
     load_media_reference,
     media_from_part,
+    media_part_paths,
     media_parts,
     naming_media_parts,
 )
@@ -189,10 +190,12 @@ def prompt_parts(messages: list[dict[str, Any]], prompt: ChatPrompt, context: Se
         return []
     _, parts = measured
     media_tokens = {"image": 0, "video": 0}
-    group_of = {i: name for name, group in (groups or {}).items() for i in group.indices}
+    group_of = {f"messages[{i}]": name for name, group in (groups or {}).items() for i in group.indices}
     group_media = dict.fromkeys(groups or {}, 0)  # a group's images and videos count in its part
-    for (_, path, _), item in zip(media_parts(messages), prompt.multimodal, strict=True):
-        group = group_of.get(int(path.removeprefix("messages[").partition("]")[0]))
+    paths = {kind: iter(kind_paths) for kind, kind_paths in media_part_paths(messages).items()}
+    for item in prompt.multimodal:  # by kind: attach_media made all images, then all videos
+        message = next(paths[item.kind]).partition(".")[0]  # `messages[i]` of `messages[i].content[j]`
+        group = group_of.get(message)
         if group is not None:  # its rendered text counted the item's placeholder: the rest of its span
             group_media[group] += item.span[1] - item.span[0] - 1
         else:
