@@ -414,8 +414,7 @@ def _refuse_unknown_fields(item: dict[str, Any], kind: Any, where: str) -> None:
 def _tool_call(item: dict[str, Any], where: str) -> dict[str, Any]:
     name, call_id, arguments = item.get("name"), item.get("call_id"), item.get("arguments")
     if not isinstance(name, str) or not isinstance(call_id, str):
-        raise RequestError(f"{where}: a function_call item needs string `name`, `call_id` and `arguments`",
-                           param=where)
+        raise RequestError(f"{where}: a function_call item needs string `name` and `call_id`", param=where)
     if not isinstance(arguments, str):  # missing, it would render a call with arguments the model never wrote
         got = "it has none" if arguments is None else f"got {type(arguments).__name__}"
         raise RequestError(f"{where}.arguments: a function_call item needs its arguments as a JSON string ({got}); "

@@ -821,6 +821,16 @@ def test_a_function_call_item_without_its_arguments_is_refused_naming_them():
     assert taken[1]["tool_calls"][0]["function"]["arguments"] == ""  # an empty string is no arguments, as in chat
 
 
+def test_a_function_call_item_without_its_name_asks_for_name_and_call_id_alone():
+    """Its 400 said the item "needs string `name`, `call_id` and `arguments`", though arguments have their own 400
+    (naming `input[i].arguments`) and were there: it asks for the name and the call_id alone."""
+    call = {"type": "function_call", "call_id": "c1", "arguments": "{}"}
+    with pytest.raises(RequestError) as refused:
+        chat_messages([{"role": "user", "content": "[weather]"}, call], None)
+    assert refused.value.param == "input[1]"
+    assert str(refused.value) == "input[1]: a function_call item needs string `name` and `call_id`", refused.value
+
+
 def test_a_function_call_item_with_an_empty_call_id_is_refused_naming_it(server):
     """Over HTTP it was a 400 already, but naming `input[1]` and saying no tool message answers the call of
     'get_weather' (id ''), whose output could not be sent (an output's empty call_id is refused): the 400 names
