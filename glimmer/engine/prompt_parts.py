@@ -19,6 +19,7 @@ from glimmer.errors import PromptPart, RequestError
 from glimmer.protocol import ChatTemplateError, RenderedPrompt
 
 _SYSTEM_ROLES = ("system", "developer")
+_MEASURED_ONE_BY_ONE = 4  # system messages measured each on its own; more are measured together (a render each)
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,6 @@ class MessageGroup:
 
     indices: Collection[int]
     fix: str | None = None
-_MEASURED_ONE_BY_ONE = 4  # system messages measured each on its own; more are measured together (a render each)
 
 
 def prompt_text_parts(messages: list[dict[str, Any]], rendering: ChatRendering, tokenizer: Any,
