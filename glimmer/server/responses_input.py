@@ -467,26 +467,27 @@ def _unsealed_reasoning(value: Any, where: str) -> str:
     """The reasoning text of an `encrypted_content` `sealed_reasoning` made (ASCII whitespace around or inside it
     ignored), or of the earlier form without a digest; RequestError naming `where` for another, or for one altered
     since (a character outside base64's alphabet, or, in the current form, any the digest does not match)."""
-    value = _ASCII_WHITESPACE.sub("", value) if isinstance(value, str) else value
-    for prefix in (_SEALED_REASONING_PREFIX, _UNCHECKED_REASONING_PREFIX):
-        if not (isinstance(value, str) and value.startswith(prefix)):
-            continue
-        try:
-            # validate: a character outside the alphabet (a client's storage mangled it) is refused, not skipped,
-            # which read the rest as other text
-            decoded = base64.b64decode(value.removeprefix(prefix), altchars=b"-_", validate=True)
-        except (binascii.Error, ValueError):
-            break
-        if prefix == _SEALED_REASONING_PREFIX:  # a cut or a changed character inside the alphabet: another digest
-            digest, decoded = decoded[:_SEALED_REASONING_DIGEST_BYTES], decoded[_SEALED_REASONING_DIGEST_BYTES:]
-            if digest != _reasoning_digest(decoded):
-                break
-        try:
-            return decoded.decode()
-        except UnicodeDecodeError:
-            break
-    raise RequestError(f"{where}: not the encrypted_content of a Glimmer response (another server's cannot be read "
-                       "here); send the reasoning text in `content`", param=where)
+    refused = RequestError(f"{where}: not the encrypted_content of a Glimmer response (another server's cannot be "
+                           "read here); send the reasoning text in `content`", param=where)
+    value = _ASCII_WHITESPACE.sub("", value) if isinstance(value, str) else ""
+    has_digest = {_SEALED_REASONING_PREFIX: True, _UNCHECKED_REASONING_PREFIX: False}
+    prefix = next((prefix for prefix in has_digest if value.startswith(prefix)), None)
+    if prefix is None:
+        raise refused
+    try:
+        # validate: a character outside the alphabet (a client's storage mangled it) is refused, not skipped, which
+        # read the rest as other text
+        decoded = base64.b64decode(value.removeprefix(prefix), altchars=b"-_", validate=True)
+    except (binascii.Error, ValueError):
+        raise refused from None
+    if has_digest[prefix]:  # a cut or a changed character inside the alphabet: another digest
+        digest, decoded = decoded[:_SEALED_REASONING_DIGEST_BYTES], decoded[_SEALED_REASONING_DIGEST_BYTES:]
+        if digest != _reasoning_digest(decoded):
+            raise refused
+    try:
+        return decoded.decode()
+    except UnicodeDecodeError:
+        raise refused from None
 
 
 def _part_text(part: Any, where: str, accepted: str = "text parts", refusal: bool = False) -> str:
