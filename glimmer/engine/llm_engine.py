@@ -333,28 +333,26 @@ _BESIDE_A_GRAMMAR = (
 """Sampling fields `add_request` refuses beside a grammar over the output, and why."""
 
 
-def _default_token_budget(max_num_seqs: int, on_cuda: bool) -> int:
-    """max_num_batched_tokens left unset: the device's default, or max_num_seqs where that is more (logged), as vLLM
-    defaults it: each decoding sequence takes a token of a step's budget, so a smaller one would run fewer
-    sequences at once than max_num_seqs."""
-    default = CUDA_MAX_NUM_BATCHED_TOKENS if on_cuda else CPU_MAX_NUM_BATCHED_TOKENS
-    if max_num_seqs <= default:
-        return default
-    logger.info("max_num_batched_tokens=%d (max_num_seqs; the %s default is %d), so that max_num_seqs sequences "
-                "can decode in one step", max_num_seqs, "CUDA" if on_cuda else "CPU's", default)
-    return max_num_seqs
-
-
-def _default_num_seqs(max_num_batched_tokens: int | None, on_cuda: bool) -> int:
-    """max_num_seqs left unset: the device's default, or max_num_batched_tokens where that is less (logged): each
-    decoding sequence takes a token of a step's budget, so no more could ever run at once (vLLM refuses a budget
-    below max_num_seqs; a budget given alone lowers the default instead)."""
-    default = CUDA_MAX_NUM_SEQS if on_cuda else CPU_MAX_NUM_SEQS
-    if max_num_batched_tokens is None or max_num_batched_tokens >= default:
-        return default
-    logger.info("max_num_seqs=%d (max_num_batched_tokens; the %s default is %d), since each decoding sequence takes "
-                "a token of a step's budget", max_num_batched_tokens, "CUDA" if on_cuda else "CPU's", default)
-    return max_num_batched_tokens
+def _default_batch_limits(config: EngineConfig, on_cuda: bool) -> tuple[int, int]:
+    """max_num_seqs and max_num_batched_tokens, each the device's default where left unset, except that a default
+    never leaves a step's token budget below max_num_seqs (logged): each decoding sequence takes a token of a step's
+    budget. So, as vLLM defaults them, a budget set alone lowers max_num_seqs' default and a max_num_seqs set alone
+    raises the budget's (vLLM refuses a budget below max_num_seqs)."""
+    device = "CUDA" if on_cuda else "CPU's"
+    default_seqs, default_tokens = ((CUDA_MAX_NUM_SEQS, CUDA_MAX_NUM_BATCHED_TOKENS) if on_cuda else
+                                    (CPU_MAX_NUM_SEQS, CPU_MAX_NUM_BATCHED_TOKENS))
+    seqs, tokens = config.max_num_seqs, config.max_num_batched_tokens
+    if not seqs:
+        seqs = default_seqs if tokens is None else min(tokens, default_seqs)
+        if seqs < default_seqs:
+            logger.info("max_num_seqs=%d (max_num_batched_tokens; the %s default is %d), since each decoding sequence "
+                        "takes a token of a step's budget", seqs, device, default_seqs)
+    if not tokens:
+        tokens = max(seqs, default_tokens)
+        if tokens > default_tokens:
+            logger.info("max_num_batched_tokens=%d (max_num_seqs; the %s default is %d), so that max_num_seqs "
+                        "sequences can decode in one step", tokens, device, default_tokens)
+    return seqs, tokens
 
 
 class LLMEngine:
@@ -393,7 +391,7 @@ class LLMEngine:
                                               progress=config.progress, load_format=self._weights_load_format,
                                               seed=config.seed)
         on_cuda = self.device.type == "cuda"
-        max_num_seqs = config.max_num_seqs or _default_num_seqs(config.max_num_batched_tokens, on_cuda)
+        max_num_seqs, max_num_batched_tokens = _default_batch_limits(config, on_cuda)
         prepare_for_cpu(self.loaded.model, self.device, self.dtype, max_num_seqs)
         self.model_config = self.loaded.config
         self._eos_token_id = self.tokenizer.eos_token_id  # once: the property asks the tokenizer's backend each time
@@ -403,7 +401,7 @@ class LLMEngine:
         self.token_count = min(self.tokenizer.vocab_size, text.vocab_size)
         self.scheduler_config = SchedulerConfig(
             max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=config.max_num_batched_tokens or _default_token_budget(max_num_seqs, on_cuda),
+            max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=self.max_model_len,
         )
         if spec_config is not None:
