@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from glimmer.engine.cache_keys import digest
-from glimmer.engine.sequence import MultimodalItem
+from glimmer.engine.sequence import MediaKind, MultimodalItem, check_media_kind
 from glimmer.errors import RequestError
 from glimmer.multimodal import MultimodalPrompt
 from glimmer.multimodal.placeholders import IMAGE_END, IMAGE_START, VIDEO_END, VIDEO_PLACEHOLDER, VIDEO_START
@@ -40,8 +40,9 @@ class MediaTokenIds:
         return cls(image_token_id, video_token_id, token_to_id(IMAGE_START), token_to_id(IMAGE_END),
                    token_to_id(VIDEO_START), token_to_id(VIDEO_END))
 
-    def markers(self, kind: str) -> tuple[int | None, int | None]:
-        """(start, end) marker ids of an item of `kind` ("image" or "video")."""
+    def markers(self, kind: MediaKind) -> tuple[int | None, int | None]:
+        """(start, end) marker ids of an item of `kind`; ValueError for another kind."""
+        check_media_kind(kind)
         return (self.image_start, self.image_end) if kind == "image" else (self.video_start, self.video_end)
 
 

@@ -6,7 +6,7 @@ import enum
 import functools
 import itertools
 from dataclasses import InitVar, dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, get_args
 
 import numpy as np
 import torch
@@ -28,6 +28,16 @@ class SequenceStatus(enum.Enum):
     FINISHED = "finished"
 
 
+MediaKind = Literal["image", "video"]
+"""What a MultimodalItem is: its placeholders and markers are an image's or a video's."""
+
+
+def check_media_kind(kind: str) -> None:
+    """ValueError unless `kind` is a MediaKind."""
+    if kind not in get_args(MediaKind):
+        raise ValueError(f"kind={kind!r}: a media item is an 'image' or a 'video'")
+
+
 @dataclass
 class MultimodalItem:
     """One image or video whose features fill runs of placeholder positions in the prompt.
@@ -44,8 +54,11 @@ class MultimodalItem:
     content_hash: bytes
     pixel_values: torch.Tensor
     grid_thw: torch.Tensor
-    kind: str
+    kind: MediaKind
     span: tuple[int, int]
+
+    def __post_init__(self) -> None:
+        check_media_kind(self.kind)
 
     def overlaps(self, start: int, end: int) -> bool:
         return any(offset < end and offset + length > start for offset, length in self.runs)

@@ -43,3 +43,18 @@ def test_a_videos_span_runs_from_its_start_marker_before_the_first_timestamp_to_
     assert tokenizer.decode(token_ids[video_item.span[0]:video_item.span[1]], skip_special_tokens=False).replace(
         " ", "") == processed.video_expansions[0].replace(" ", "")
     assert len(placeholder_runs(token_ids, media_ids.video)) == len(video_item.runs) == 2
+
+
+def test_an_item_of_another_kind_than_image_or_video_is_refused_naming_it():
+    """MediaTokenIds.markers gave a video's markers to any kind but "image", and a MultimodalItem took any kind: a
+    misspelt kind read a video's markers. Both now refuse it, naming the kinds there are."""
+    import torch
+
+    from glimmer.engine.sequence import MultimodalItem
+
+    ids = MediaTokenIds(PLACEHOLDER, PLACEHOLDER + 1, START, END, START + 10, END + 10)
+    assert ids.markers("image") == (START, END) and ids.markers("video") == (START + 10, END + 10)
+    with pytest.raises(ValueError, match=r"kind='images': a media item is an 'image' or a 'video'"):
+        ids.markers("images")
+    with pytest.raises(ValueError, match=r"kind='audio': a media item is an 'image' or a 'video'"):
+        MultimodalItem(((0, 1),), b"", torch.zeros(1, 1), torch.tensor([[1, 1, 1]]), "audio", (0, 1))
