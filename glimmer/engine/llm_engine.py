@@ -826,9 +826,9 @@ class LLMEngine:
         if not images and not videos:
             return token_ids, []
         media = self._media_for(videos, param=param)
-        config = self.model_config
-        kinds = {config.image_token_id: (IMAGE_PLACEHOLDER, "image", len(images)),
-                 config.video_token_id: (VIDEO_PLACEHOLDER, "video", len(videos))}
+        media_ids = self.media_token_ids
+        kinds = {media_ids.image: (IMAGE_PLACEHOLDER, "image", len(images)),
+                 media_ids.video: (VIDEO_PLACEHOLDER, "video", len(videos))}
         for token_id, (placeholder, kind, given) in kinds.items():
             found = token_ids.count(token_id)
             if found != given:
@@ -840,8 +840,8 @@ class LLMEngine:
                     param=f"{param}.prompt_token_ids")
         order = "".join(kinds[token_id][0] for token_id in token_ids if token_id in kinds)
         processed = media.process(order, images, videos, cancel=cancel)
-        expansions = {config.image_token_id: iter(processed.image_expansions),
-                      config.video_token_id: iter(processed.video_expansions)}
+        expansions = {media_ids.image: iter(processed.image_expansions),
+                      media_ids.video: iter(processed.video_expansions)}
         expanded: list[int] = []
         for token_id in token_ids:
             if token_id in expansions:
@@ -954,9 +954,7 @@ class LLMEngine:
             raise RequestError(f"allowed_token_ids: token ids {bad[:5]} are outside the vocabulary [0, {tokens})",
                                param="allowed_token_ids")
         if not multimodal:
-            refuse_stray_placeholders(prompt_token_ids[:len(prompt_token_ids) - generated],
-                                      self.model_config.image_token_id,
-                                      self.model_config.video_token_id)
+            refuse_stray_placeholders(prompt_token_ids[:len(prompt_token_ids) - generated], self.media_token_ids)
         prompt_len = len(prompt_token_ids)
         max_tokens = self.generation_budget(prompt_len, params, clamp_max_tokens=clamp_max_tokens)
         if controller_factory is None and params.structured_outputs is not None:

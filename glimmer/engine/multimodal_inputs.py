@@ -118,9 +118,9 @@ def expansion_span(token_ids: list[int], runs: tuple[tuple[int, int], ...], mark
     return start, end
 
 
-def refuse_stray_placeholders(token_ids: list[int], image_token_id: int | None, video_token_id: int | None) -> None:
+def refuse_stray_placeholders(token_ids: list[int], media_ids: MediaTokenIds) -> None:
     """A prompt without media must not contain placeholder ids: they would be embedded as token 0."""
-    for name, token_id in (("image", image_token_id), ("video", video_token_id)):
+    for name, token_id in (("image", media_ids.image), ("video", media_ids.video)):
         if token_id is not None and token_id in token_ids:
             raise RequestError(
                 f"the prompt contains {name} placeholder tokens (id {token_id}) but no {name} was given; pass the "

@@ -197,7 +197,7 @@ def _prompts(prompt: str | list[str] | list[int] | list[list[int]], add_special_
             else:
                 ids.append(checked_token_ids(text_or_ids, name, engine.token_count))
             ids[-1], _ = engine.truncate_prompt(ids[-1], [], params)
-            refuse_stray_placeholders(ids[-1], engine.model_config.image_token_id, engine.model_config.video_token_id)
+            refuse_stray_placeholders(ids[-1], engine.media_token_ids)
             engine.generation_budget(len(ids[-1]), params)
         except RequestError as exc:
             raise exc.naming_prompt(name) from None
