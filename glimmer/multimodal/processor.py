@@ -10,6 +10,7 @@ keeps them; the model scatters image rows into `<|patch|>` positions and video r
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -28,6 +29,8 @@ from glimmer.multimodal.image import (
     process_image,
 )
 from glimmer.multimodal.placeholders import (
+    IMAGE_PLACEHOLDER,
+    VIDEO_PLACEHOLDER,
     check_placeholder_counts,
     expand_placeholders,
     image_expansion,
@@ -59,6 +62,13 @@ class MultimodalPrompt:
     @property
     def num_media_tokens(self) -> int:
         return sum(item.num_tokens for item in self.images) + sum(item.num_tokens for item in self.videos)
+
+
+_PLACEHOLDER_RUNS = re.compile(f"({re.escape(IMAGE_PLACEHOLDER)}|{re.escape(VIDEO_PLACEHOLDER)})\\1+")
+
+
+def _placeholders(text: str) -> int:
+    return text.count(IMAGE_PLACEHOLDER) + text.count(VIDEO_PLACEHOLDER)
 
 
 class MediaProcessor:
@@ -110,8 +120,12 @@ class MediaProcessor:
 
     def _expansion_tokens(self, expansion: str) -> int:
         """Tokens of an item's whole expansion, what the context must hold of it; 0 without a context bound (then
-        nothing counts them)."""
-        return 0 if self.count_tokens is None else self.count_tokens(expansion)
+        nothing counts them). Each run of placeholders is tokenized as one, the rest of the run added (a placeholder
+        is one token): the prompt's tokenization writes them all, counting need not (a 4096-patch image: ms)."""
+        if self.count_tokens is None:
+            return 0
+        collapsed = _PLACEHOLDER_RUNS.sub(r"\1", expansion)
+        return self.count_tokens(collapsed) + _placeholders(expansion) - _placeholders(collapsed)
 
     def _later_tokens(self, images: Sequence[ImageInput], videos: Sequence[VideoInput]) -> _Tokens:
         """The tokens of items not yet processed and whether all were counted: images from their headers; videos,

@@ -182,6 +182,25 @@ def test_media_whose_placeholders_fit_the_context_but_not_their_expansions_are_r
         "<|patch|><|video|>", [image], [video]).text == expanded.text
 
 
+def test_an_items_expansion_is_counted_without_tokenizing_each_placeholder(count_tokens) -> None:
+    """Counting an item tokenized its whole expansion (a 4096-patch image: milliseconds), which the prompt's
+    tokenization does again: each run of placeholders is tokenized as one placeholder, the rest of the run added (a
+    placeholder is one token), so the counts are the tokenizer's of the whole expansion."""
+    rng = np.random.default_rng(0)
+    image = rng.integers(0, 256, (150, 230, 3), dtype=np.uint8)
+    video = DecodedVideo(rng.integers(0, 256, (8, 90, 120, 3), dtype=np.uint8), fps=4.0)
+    settings = MediaSettings(max_image_tokens=64, max_video_frame_tokens=16)
+    counted: list[str] = []
+    processor = MediaProcessor(settings, max_model_len=1000,
+                               count_tokens=lambda text: counted.append(text) or count_tokens(text))
+    expanded = processor.process("<|patch|><|video|>", [image], [video])
+    assert counted and not any("<|patch|><|patch|>" in text or "<|video|><|video|>" in text for text in counted)
+    whole = count_tokens(expanded.text)
+    with pytest.raises(MediaContextLengthError, match=f"the images and videos need {whole} tokens together"):
+        MediaProcessor(settings, max_model_len=whole - 1, count_tokens=lambda text: counted.append(text) or
+                       count_tokens(text)).process("<|patch|><|video|>", [image], [video])
+
+
 def test_a_context_bound_without_the_tokenizers_count_is_refused() -> None:
     with pytest.raises(ValueError, match="give count_tokens with it"):
         MediaProcessor(max_model_len=100)
