@@ -85,6 +85,28 @@ class KVCacheLayout:
     def chunk_pages(self) -> int:
         return max(self.pages_per_block.values())
 
+    def blocks_for_one(self, max_model_len: int) -> dict[str, int]:
+        """Blocks one sequence of `max_model_len` positions holds in each group, the drafter's included (a windowed
+        group's window and the block it grows into)."""
+        windows = {g: self.sliding_window if g == SLIDING else None for g in self.pages_per_block}
+        if self.draft_blocks is not None:
+            windows[DRAFT] = self.draft_window
+        return blocks_needed(max_model_len, self.block_size, windows)
+
+    def pages_for_one(self, max_model_len: int) -> int:
+        """The shared pages the model's groups take for one sequence of `max_model_len` positions."""
+        needs = self.blocks_for_one(max_model_len)
+        return sum(needs[g] * pages for g, pages in self.pages_per_block.items())
+
+    def sequences_held(self, max_model_len: int) -> float:
+        """How many sequences of `max_model_len` tokens the layout holds at once (vLLM's "maximum concurrency"): its
+        pages over the pages one takes, or the drafter's blocks over the blocks one takes there, whichever is
+        fewer."""
+        held = self.num_pages / self.pages_for_one(max_model_len)
+        if self.draft_blocks is not None:
+            held = min(held, self.draft_blocks / self.blocks_for_one(max_model_len)[DRAFT])
+        return held
+
     def describe(self) -> str:
         groups = ", ".join(f"a {g} block takes {n}" for g, n in self.pages_per_block.items())
         draft = "" if self.draft_blocks is None else f"; the drafter's own {self.draft_blocks} blocks"

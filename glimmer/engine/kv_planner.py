@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from glimmer.checkpoint.config import TextConfig
-from glimmer.engine.kv_cache_manager import DRAFT, FULL, SLIDING, KVCacheLayout, blocks_needed, page_geometry
+from glimmer.engine.kv_cache_manager import DRAFT, FULL, SLIDING, KVCacheLayout, page_geometry
 
 CPU_DEFAULT_KV_BYTES = 2 << 30
 CPU_DEFAULT_KV_SIZING = f"what max_num_seqs sequences of max_model_len need, {CPU_DEFAULT_KV_BYTES >> 30} GiB at most"
@@ -102,12 +102,15 @@ def plan_kv_layout(text: TextConfig, dtype: torch.dtype, demand: KVDemand, budge
                    ) -> tuple[KVCacheLayout, dict[str, tuple[int, int]]]:
     """The layout `budget` bytes give, and where it cannot hold one sequence of max_model_len, what falls short:
     {"pages": (available, needed)} and/or {DRAFT: (blocks available, needed)} (empty where one fits)."""
-    geometry = page_geometry(text)
     bs = demand.block_size
     per_block = block_bytes(text, dtype, demand)
     has_draft = demand.draft is not None
-    needs = _blocks_one_sequence_needs(text, demand)
-    target_floor = sum(needs[g] * per_block[g] for g in geometry.pages_per_block)
+    # the layout's groups and windows; its pages and the drafter's blocks are what the budget gives
+    shape = KVCacheLayout(block_size=bs, num_pages=0, pages_per_block=page_geometry(text).pages_per_block,
+                          sliding_window=text.sliding_window, draft_blocks=0 if has_draft else None,
+                          draft_window=demand.draft_window)
+    needs = shape.blocks_for_one(demand.max_model_len)
+    target_floor = sum(needs[g] * per_block[g] for g in shape.pages_per_block)
     draft_blocks = None
     if has_draft:
         # split by the bytes one sequence at max_model_len takes in each, windows counted: both then hold as many
@@ -122,39 +125,12 @@ def plan_kv_layout(text: TextConfig, dtype: torch.dtype, demand: KVDemand, budge
             draft_blocks = min(draft_blocks, wanted_blocks(text, demand)[DRAFT])
         budget -= draft_blocks * per_block[DRAFT]
     num_pages = budget // kv_bytes_per_page(text, bs, dtype)  # the model's groups share what is left
-    layout = KVCacheLayout(block_size=bs, num_pages=num_pages, pages_per_block=geometry.pages_per_block,
-                           sliding_window=text.sliding_window, draft_blocks=draft_blocks,
-                           draft_window=demand.draft_window)
-    pages_needed = _pages_one_sequence_needs(text, needs)
+    layout = replace(shape, num_pages=num_pages, draft_blocks=draft_blocks)
+    pages_needed = layout.pages_for_one(demand.max_model_len)
     short = {} if num_pages >= pages_needed else {"pages": (num_pages, pages_needed)}
     if draft_blocks is not None and draft_blocks < needs[DRAFT]:
         short[DRAFT] = (draft_blocks, needs[DRAFT])
     return layout, short
-
-
-def _blocks_one_sequence_needs(text: TextConfig, demand: KVDemand) -> dict[str, int]:
-    """Blocks one sequence at max_model_len holds in each group, the drafter's included (a windowed group's window
-    and the block it grows into)."""
-    windows = {g: text.sliding_window if g == SLIDING else None for g in page_geometry(text).pages_per_block}
-    if demand.draft is not None:
-        windows[DRAFT] = demand.draft_window
-    return blocks_needed(demand.max_model_len, demand.block_size, windows)
-
-
-def _pages_one_sequence_needs(text: TextConfig, needs: dict[str, int]) -> int:
-    """The shared pages the model's groups take for a sequence holding `needs` blocks in each."""
-    pages_per_block = page_geometry(text).pages_per_block
-    return sum(needs[g] * pages_per_block[g] for g in pages_per_block)
-
-
-def max_concurrency(text: TextConfig, demand: KVDemand, layout: KVCacheLayout) -> float:
-    """How many sequences of max_model_len tokens `layout` holds at once (vLLM's "maximum concurrency"): its pages
-    over the pages one takes, or the drafter's blocks over the blocks one takes there, whichever is fewer."""
-    needs = _blocks_one_sequence_needs(text, demand)
-    held = layout.num_pages / _pages_one_sequence_needs(text, needs)
-    if layout.draft_blocks is not None:
-        held = min(held, layout.draft_blocks / needs[DRAFT])
-    return held
 
 
 def longest_context_held(text: TextConfig, dtype: torch.dtype, demand: KVDemand, budget: int) -> int | None:

@@ -58,7 +58,6 @@ from glimmer.engine.kv_planner import (
     block_bytes,
     cpu_default_kv_bytes,
     longest_context_held,
-    max_concurrency,
     plan_kv_layout,
     wanted_blocks,
 )
@@ -449,7 +448,7 @@ class LLMEngine:
             self.dtype, self.max_model_len, self.kv_layout.describe(),
         )
         logger.info("Maximum concurrency for %d tokens per request: %.2fx", self.max_model_len,
-                    max_concurrency(self.model_config.text, self._kv_demand(), self.kv_layout))
+                    self.kv_layout.sequences_held(self.max_model_len))
 
     def _build_cache_and_runner(self, spec_config: SpeculativeConfig | None, budget: int | None = None) -> None:
         """Size and allocate the KV cache (in `budget` bytes where given), then the runner over it (its graphs

@@ -13,7 +13,6 @@ from glimmer.engine.kv_planner import (
     KVDemand,
     kv_bytes_per_page,
     longest_context_held,
-    max_concurrency,
     plan_kv_layout,
     wanted_blocks,
 )
@@ -92,12 +91,12 @@ def test_max_concurrency_is_the_sequences_of_max_model_len_the_cache_holds_at_on
     model's."""
     demand = KVDemand(block_size=16, max_model_len=34 * 1024, max_num_seqs=256, max_num_batched_tokens=8192)
     layout = plan_kv_layout(TEXT, torch.bfloat16, demand, 7_200_000_000)[0]
-    assert max_concurrency(TEXT, demand, layout) == layout.num_pages / _pages_for_one(34 * 1024)
+    assert layout.sequences_held(34 * 1024) == layout.num_pages / _pages_for_one(34 * 1024)
     draft = DraftKV(bytes_per_block=5 * 2 * 16 * 8 * 128 * 2, max_visible_distance=None)
     with_drafter = KVDemand(block_size=16, max_model_len=32768, max_num_seqs=8, max_num_batched_tokens=8192,
                             draft=draft)
     layout = plan_kv_layout(TEXT, torch.bfloat16, with_drafter, 10**10)[0]
-    assert max_concurrency(TEXT, with_drafter, layout) == min(_sequences_held(layout, 32768))
+    assert layout.sequences_held(32768) == min(_sequences_held(layout, 32768))
 
 
 def test_the_drafter_never_leaves_the_model_short_of_one_sequence():
