@@ -1,5 +1,5 @@
-"""Checkpoint tests: make `gguf_export` and `mlx_export` (this folder's writers) and the server tests' helpers
-(`serve_process`, for a checkpoint served by `glimmer serve`) importable by the test modules."""
+"""Checkpoint tests: make `gguf_export`, `mlx_export` and `quantized_fixtures` (this folder's writers) and the server
+tests' helpers (`serve_process`, for a checkpoint served by `glimmer serve`) importable by the test modules."""
 
 import sys
 from pathlib import Path

@@ -14,6 +14,7 @@ import shutil
 import pytest
 import torch
 from oracle import reference_greedy, reference_logits, reference_model
+from quantized_fixtures import quantize_linears
 from safetensors.torch import load_file, save_file
 
 from glimmer.checkpoint.compressed_tensors import dequantize_nvfp4
@@ -30,6 +31,7 @@ from glimmer.model.muse_glimmer import MuseGlimmerForConditionalGeneration
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "self_attn.gate_proj",
            "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+
 IDS = list(range(3, 70))
 NVFP4_WEIGHTS = {"num_bits": 4, "type": "float", "symmetric": True, "group_size": 16, "strategy": "tensor_group",
                  "dynamic": False, "actorder": None, "block_structure": None, "observer": "static_minmax"}
@@ -305,115 +307,54 @@ def test_packed_weights_whose_config_lost_its_quantization_config_name_the_key(n
         load_model(tmp_path / "unmarked", progress=False)
 
 
-@pytest.mark.parametrize("scheme", ["gptq", "awq"])
-def test_gptq_or_awq_packed_weights_without_a_quantization_config_are_refused_naming_the_scheme(
-        tiny_checkpoint, tmp_path, scheme):
-    # AutoGPTQ writes its scheme to quantize_config.json (AutoAWQ to quant_config.json), not to config.json: each
-    # Linear is qweight (int32, eight 4-bit codes a word), qzeros and scales (GPTQ adds g_idx) in place of weight
-    shutil.copytree(tiny_checkpoint, tmp_path / scheme)
-    state = load_file(str(tmp_path / scheme / "model.safetensors"))
-    packed = {}
-    for name, tensor in state.items():
-        module = name.removesuffix(".weight")
-        if name.endswith(".weight") and any(module.endswith(linear) for linear in LINEARS):
-            rows, columns = tensor.shape
-            packed[f"{module}.qweight"] = torch.zeros(columns // 8, rows, dtype=torch.int32)
-            packed[f"{module}.qzeros"] = torch.zeros(1, rows // 8, dtype=torch.int32)
-            packed[f"{module}.scales"] = torch.ones(1, rows, dtype=torch.float16)
-            if scheme == "gptq":
-                packed[f"{module}.g_idx"] = torch.zeros(columns, dtype=torch.int32)
-        else:
-            packed[name] = tensor
-    save_file(packed, str(tmp_path / scheme / "model.safetensors"))
-    settings = "quantize_config.json" if scheme == "gptq" else "quant_config.json"
-    (tmp_path / scheme / settings).write_text(json.dumps({"bits": 4, "group_size": 128}))
-    with pytest.raises(CheckpointError, match=(
-            rf"{scheme} holds GPTQ or AWQ packed weights \(model\.language_model\.layers\.0\.mlp\.down_proj\.qweight "
-            rf"and 63 more, with their qzeros and scales; {settings} describes them\), which Glimmer does not read: "
-            r"load the unquantized \(bf16\) checkpoint, the compressed-tensors NVFP4 release or a GGUF")):
-        load_model(tmp_path / scheme, progress=False)
+_LOAD_INSTEAD = (r"which Glimmer does not read: load the unquantized \(bf16\) checkpoint, the compressed-tensors "
+                 r"NVFP4 release or a GGUF")
+_UNMARKED = r"{}/config\.json has no quantization_config, but the weights are "
+_FIRST = r"model\.language_model\.layers\.0\.mlp\.down_proj\."
 
 
-def test_gptq_packed_weights_name_only_the_companions_they_have(tiny_checkpoint, tmp_path):
-    # a GPTQ export without qzeros (symmetric, the zero point implied) is named with its scales alone
-    shutil.copytree(tiny_checkpoint, tmp_path / "gptq")
-    state = load_file(str(tmp_path / "gptq" / "model.safetensors"))
-    packed = {}
-    for name, tensor in state.items():
-        module = name.removesuffix(".weight")
-        if name.endswith(".weight") and any(module.endswith(linear) for linear in LINEARS):
-            rows, columns = tensor.shape
-            packed[f"{module}.qweight"] = torch.zeros(columns // 8, rows, dtype=torch.int32)
-            packed[f"{module}.scales"] = torch.ones(1, rows, dtype=torch.float16)
-        else:
-            packed[name] = tensor
-    save_file(packed, str(tmp_path / "gptq" / "model.safetensors"))
-    with pytest.raises(CheckpointError, match=(
-            r"gptq holds GPTQ or AWQ packed weights \(model\.language_model\.layers\.0\.mlp\.down_proj\.qweight and "
-            r"63 more, with their scales\), which Glimmer does not read")) as refused:
-        load_model(tmp_path / "gptq", progress=False)
-    assert "qzeros" not in str(refused.value)
+def _is_linear(name: str) -> bool:
+    return name.endswith(".weight") and name.removesuffix(".weight").endswith(LINEARS)
 
 
-# compressed-tensors' other packed schemes, their config dropped (restoring it would be refused too):
-# pack-quantized W4A16 (int4) is eight codes an int32 word, a bf16 scale per 32 inputs and the weight's shape;
-# MXFP4 packs two E2M1 codes a byte as NVFP4 does, but its scale per 32 inputs is a U8 exponent, with no global scale
-@pytest.mark.parametrize(("scheme", "differs"), [
-    ("int4", r"of dtype I32 where NVFP4 packs U8"),
-    ("mxfp4", r"its weight_scale of dtype U8 where NVFP4's is F8_E4M3, without the weight_global_scale NVFP4 has"),
+# AutoGPTQ writes its scheme to quantize_config.json (AutoAWQ to quant_config.json), not to config.json; a GPTQ export
+# without qzeros (symmetric, the zero point implied) is named with its scales alone. compressed-tensors' other packed
+# schemes have their config dropped (restoring it would be refused too), as have its float-quantized (FP8) and
+# int-quantized (W8A8) Linears, which keep their name `weight`, in 8 bits, beside a `weight_scale` (DeepSeek-style FP8
+# blocks: `weight_scale_inv`) — quantized_fixtures.quantized_tensors writes each.
+@pytest.mark.parametrize(("scheme", "settings", "refusal", "absent"), [
+    ("gptq", "quantize_config.json", rf"gptq holds GPTQ or AWQ packed weights \({_FIRST}qweight and 63 more, with "
+                                     r"their qzeros and scales; quantize_config\.json describes them\), "
+                                     rf"{_LOAD_INSTEAD}", None),
+    ("awq", "quant_config.json", rf"awq holds GPTQ or AWQ packed weights \({_FIRST}qweight and 63 more, with their "
+                                 rf"qzeros and scales; quant_config\.json describes them\), {_LOAD_INSTEAD}", None),
+    ("gptq-symmetric", None, rf"gptq-symmetric holds GPTQ or AWQ packed weights \({_FIRST}qweight and 63 more, with "
+                             r"their scales\), which Glimmer does not read", "qzeros"),
+    ("int4", None, _UNMARKED.format("int4") + rf"compressed-tensors packed ones of another scheme than NVFP4 "
+                                              rf"\({_FIRST}weight_packed and 63 more, of dtype I32 where NVFP4 packs "
+                                              rf"U8\), {_LOAD_INSTEAD}", "restore the config"),
+    ("mxfp4", None, _UNMARKED.format("mxfp4") + rf"compressed-tensors packed ones of another scheme than NVFP4 "
+                                                rf"\({_FIRST}weight_packed and 63 more, its weight_scale of dtype U8 "
+                                                r"where NVFP4's is F8_E4M3, without the weight_global_scale NVFP4 "
+                                                rf"has\), {_LOAD_INSTEAD}", "restore the config"),
+    ("fp8", None, _UNMARKED.format("fp8") + rf"8-bit quantized ones \({_FIRST}weight and 63 more, of dtype F8_E4M3 "
+                                            rf"beside their weight_scale\), {_LOAD_INSTEAD}", None),
+    ("int8", None, _UNMARKED.format("int8") + rf"8-bit quantized ones \({_FIRST}weight and 63 more, of dtype I8 "
+                                              rf"beside their weight_scale\), {_LOAD_INSTEAD}", None),
+    ("fp8-block", None, _UNMARKED.format("fp8-block") + rf"8-bit quantized ones \({_FIRST}weight and 63 more, of "
+                                                        rf"dtype F8_E4M3 beside their weight_scale_inv\), "
+                                                        rf"{_LOAD_INSTEAD}", None),
 ])
-def test_packed_weights_of_another_scheme_without_a_quantization_config_are_refused_as_such(
-        tiny_checkpoint, tmp_path, scheme, differs):
+def test_quantized_weights_glimmer_does_not_read_are_refused_naming_their_scheme(
+        tiny_checkpoint, tmp_path, scheme, settings, refusal, absent):
     shutil.copytree(tiny_checkpoint, tmp_path / scheme)
-    state = load_file(str(tmp_path / scheme / "model.safetensors"))
-    packed = {}
-    for name, tensor in state.items():
-        module = name.removesuffix(".weight")
-        if name.endswith(".weight") and any(module.endswith(linear) for linear in LINEARS):
-            rows, columns = tensor.shape
-            if scheme == "int4":
-                packed[f"{module}.weight_packed"] = torch.zeros(rows, columns // 8, dtype=torch.int32)
-                packed[f"{module}.weight_scale"] = torch.ones(rows, columns // 32, dtype=torch.bfloat16)
-                packed[f"{module}.weight_shape"] = torch.tensor([rows, columns])
-            else:
-                packed[f"{module}.weight_packed"] = torch.zeros(rows, columns // 2, dtype=torch.uint8)
-                packed[f"{module}.weight_scale"] = torch.full((rows, columns // 32), 127, dtype=torch.uint8)
-        else:
-            packed[name] = tensor
-    save_file(packed, str(tmp_path / scheme / "model.safetensors"))
-    with pytest.raises(CheckpointError, match=(
-            rf"{scheme}/config\.json has no quantization_config, but the weights are compressed-tensors packed ones "
-            r"of another scheme than NVFP4 \(model\.language_model\.layers\.0\.mlp\.down_proj\.weight_packed and "
-            rf"63 more, {differs}\), which Glimmer does not read: load the unquantized \(bf16\) checkpoint, the "
-            r"compressed-tensors NVFP4 release or a GGUF")) as refused:
+    quantize_linears(tmp_path / scheme / "model.safetensors", _is_linear, scheme)
+    if settings is not None:
+        (tmp_path / scheme / settings).write_text(json.dumps({"bits": 4, "group_size": 128}))
+    with pytest.raises(CheckpointError, match=refusal) as refused:
         load_model(tmp_path / scheme, progress=False)
-    assert "restore the config" not in str(refused.value)
-
-
-@pytest.mark.parametrize(("dtype", "stored", "scale"), [(torch.float8_e4m3fn, "F8_E4M3", "weight_scale"),
-                                                       (torch.int8, "I8", "weight_scale"),
-                                                       (torch.float8_e4m3fn, "F8_E4M3", "weight_scale_inv")])
-def test_fp8_or_int8_weights_without_a_quantization_config_are_refused_as_such(tiny_checkpoint, tmp_path, dtype,
-                                                                               stored, scale):
-    # compressed-tensors' float-quantized (FP8) and int-quantized (W8A8) Linears keep their name `weight`, in 8 bits,
-    # beside a `weight_scale` (DeepSeek-style FP8 blocks: `weight_scale_inv`); the config that says so was dropped
-    shutil.copytree(tiny_checkpoint, tmp_path / "w8")
-    state = load_file(str(tmp_path / "w8" / "model.safetensors"))
-    quantized = {}
-    for name, tensor in state.items():
-        module = name.removesuffix(".weight")
-        if name.endswith(".weight") and any(module.endswith(linear) for linear in LINEARS):
-            quantized[name] = tensor.clamp(-1, 1).to(dtype)
-            quantized[f"{module}.{scale}"] = torch.ones(tensor.shape[0], 1)
-        else:
-            quantized[name] = tensor
-    save_file(quantized, str(tmp_path / "w8" / "model.safetensors"))
-    with pytest.raises(CheckpointError, match=(
-            rf"w8/config\.json has no quantization_config, but the weights are 8-bit quantized ones "
-            rf"\(model\.language_model\.layers\.0\.mlp\.down_proj\.weight and 63 more, of dtype {stored} "
-            rf"beside their {scale}\), which Glimmer does not read: load the unquantized \(bf16\) checkpoint, the "
-            r"compressed-tensors NVFP4 release or a GGUF")):
-        load_model(tmp_path / "w8", progress=False)
+    if absent is not None:
+        assert absent not in str(refused.value)
 
 
 def test_make_tiny_quantize_nvfp4_writes_what_the_reference_quantizer_writes(tmp_path):

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import torch
+from quantized_fixtures import quantize_linears
 
 from glimmer.checkpoint.config_layouts import load_config
 from glimmer.checkpoint.drafter import RELEASED_MASK_TOKEN
@@ -177,24 +178,6 @@ def test_a_null_quantization_config_is_read_silently(target, tmp_path):
     assert _load(path, target).config.warnings == ()
 
 
-def _quantized_drafter_tensors(module: str, weight: torch.Tensor, scheme: str) -> dict[str, torch.Tensor]:
-    """What `scheme`'s quantizer writes in place of `module.weight`: compressed-tensors NVFP4 (weight_packed and its
-    scales), GPTQ (qweight, qzeros, scales, g_idx) or compressed-tensors FP8 (weight in 8 bits beside weight_scale)."""
-    from glimmer.checkpoint.compressed_tensors import quantize_nvfp4
-
-    rows, columns = weight.shape
-    if scheme == "nvfp4":
-        return dict(zip((f"{module}.weight_packed", f"{module}.weight_scale", f"{module}.weight_global_scale"),
-                        quantize_nvfp4(weight), strict=True))
-    if scheme == "gptq":
-        return {f"{module}.qweight": torch.zeros(columns // 8, rows, dtype=torch.int32),
-                f"{module}.qzeros": torch.zeros(1, rows // 8, dtype=torch.int32),
-                f"{module}.scales": torch.ones(1, rows, dtype=torch.float16),
-                f"{module}.g_idx": torch.zeros(columns, dtype=torch.int32)}
-    return {f"{module}.weight": weight.to(torch.float8_e4m3fn),
-            f"{module}.weight_scale": torch.ones(rows, 1, dtype=torch.float32)}
-
-
 @pytest.mark.parametrize(("scheme", "first"), [
     ("nvfp4", r"layers\.0\.mlp\.down_proj\.weight_packed and 13 more"),
     ("gptq", r"layers\.0\.mlp\.down_proj\.qweight and 13 more"),
@@ -202,17 +185,8 @@ def _quantized_drafter_tensors(module: str, weight: torch.Tensor, scheme: str) -
 ])
 def test_quantized_weights_without_a_quantization_config_are_refused_as_a_quantized_drafter(
         target, tmp_path, scheme, first):
-    from safetensors.torch import load_file, save_file
-
     path = write_tiny_drafter(tmp_path / "d", target)
-    state = load_file(str(path / "model.safetensors"))
-    quantized = {}
-    for name, tensor in state.items():
-        if name.endswith("_proj.weight"):
-            quantized |= _quantized_drafter_tensors(name.removesuffix(".weight"), tensor, scheme)
-        else:
-            quantized[name] = tensor
-    save_file(quantized, str(path / "model.safetensors"))
+    quantize_linears(path / "model.safetensors", lambda name: name.endswith("_proj.weight"), scheme)
     with pytest.raises(CheckpointError, match=(
             rf"holds quantized weights \({first}\) though its config\.json has no quantization_config: quantized "
             r"drafters are not supported yet; use the unquantized \(bf16\) drafter")):
