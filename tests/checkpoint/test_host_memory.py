@@ -302,56 +302,47 @@ def test_serving_the_30b_geometry_on_a_small_cpu_fails_with_one_line(tmp_path):
     assert "GiB as float32 on the CPU" in errors[0]
 
 
-def test_quantized_weights_that_do_not_fit_once_dequantized_are_refused_saying_so(host, tmp_path):
-    """An NVFP4 checkpoint of 18 GB on disk was told its weights need 111 GiB, with no word of why: its weights are
-    dequantized on load, which the refusal now says beside their size on disk."""
-    from safetensors.torch import load_file
-
-    path = write_tiny_checkpoint(tmp_path / "nvfp4", quantize="nvfp4")
-    stored = sum(tensor.nbytes for name, tensor in load_file(str(path / "model.safetensors")).items()
-                 if name.endswith((".weight_packed", ".weight_scale", ".weight_global_scale")))
-    host.meminfo(mem_kb=1)
-    with pytest.raises(ConfigError, match=(
-            rf"^the model's weights need \d+\.\d MiB as float32 on the CPU \(its NVFP4 W4A16 weights, "
-            rf"{stored / (1 << 20):.1f} MiB on disk, are dequantized to float32 when they load\), more than this "
-            "machine's ")):
-        load_model(path, progress=False)
+def _nvfp4_checkpoint(tmp_path: Path) -> Path:
+    return write_tiny_checkpoint(tmp_path / "nvfp4", quantize="nvfp4")
 
 
-def test_gguf_quantized_weights_that_do_not_fit_once_dequantized_are_refused_saying_so(host, tmp_path):
-    """A Q8_0 GGUF was told the size of its dequantized weights alone, as NVFP4 checkpoints were: its quantized
-    tensors, dequantized on load, are named by type with their size in the file."""
+def _q8_0_gguf(tmp_path: Path) -> Path:
     from gguf import GGMLQuantizationType
     from gguf_export import export_text_gguf
 
-    from glimmer.checkpoint.gguf_file import GGUFFile
-
-    path = export_text_gguf(write_tiny_checkpoint(tmp_path / "tiny"), tmp_path / "tiny.gguf", GGMLQuantizationType.Q8_0)
-    stored = sum(entry.num_bytes for entry in GGUFFile(path).tensors.values() if entry.type_name == "Q8_0")
-    host.meminfo(mem_kb=1)
-    with pytest.raises(ConfigError, match=(
-            rf"^the model's weights need \d+\.\d MiB as float32 on the CPU \(its GGUF Q8_0 weights, "
-            rf"{stored / (1 << 20):.1f} MiB on disk, are dequantized to float32 when they load\), more than this "
-            "machine's ")):
-        load_model(path, progress=False)
+    return export_text_gguf(write_tiny_checkpoint(tmp_path / "tiny"), tmp_path / "tiny.gguf",
+                            GGMLQuantizationType.Q8_0)
 
 
-def test_mlx_quantized_weights_that_do_not_fit_once_dequantized_are_refused_saying_so(host, tmp_path):
-    """A 4-bit MLX artifact was told the size of its dequantized weights alone: its packed codes, scales and
-    biases, dequantized on load, are named with their bits and size on disk."""
+def _mlx_4_bit_artifact(tmp_path: Path) -> Path:
     pytest.importorskip("mlx.core")
     from gguf_export import canonical_state
     from mlx_export import export_mlx_artifact
-    from safetensors.torch import load_file
 
     checkpoint = write_tiny_checkpoint(tmp_path / "tiny")
-    path = export_mlx_artifact(checkpoint, tmp_path / "mlx", canonical_state(checkpoint), bits=4, group_size=32)
-    tensors = load_file(str(path / "model.safetensors"))
-    modules = {name.removesuffix(".scales") for name in tensors if name.endswith(".scales")}
-    stored = sum(tensors[f"{module}.{part}"].nbytes for module in modules for part in ("weight", "scales", "biases"))
+    return export_mlx_artifact(checkpoint, tmp_path / "mlx", canonical_state(checkpoint), bits=4, group_size=32)
+
+
+def _refused(label: str, stored: str) -> str:
+    """The refusal of weights of scheme `label` that need more than the machine's memory once dequantized, `stored`
+    on disk."""
+    return (rf"^the model's weights need \d+\.\d MiB as float32 on the CPU \(its {label} weights, {stored} on disk, "
+            "are dequantized to float32 when they load\\), more than this machine's ")
+
+
+# the tiny checkpoint's quantized tensors on disk: NVFP4's codes and scales 184,576 bytes (the file 483,632 with the
+# unquantized ones), the GGUF's Q8_0 blocks 417,792, MLX's 58 modules of codes, scales and biases 294,912
+@pytest.mark.parametrize(("builder", "label", "stored"), [
+    (_nvfp4_checkpoint, "NVFP4 W4A16", "0.2 MiB"),
+    (_q8_0_gguf, "GGUF Q8_0", "0.4 MiB"),
+    (_mlx_4_bit_artifact, "MLX affine 4-bit", "0.3 MiB"),
+])
+def test_quantized_weights_that_do_not_fit_once_dequantized_are_refused_saying_so(host, tmp_path, builder, label,
+                                                                                  stored):
+    """An NVFP4 checkpoint of 18 GB on disk was told its weights need 111 GiB, with no word of why, as were a Q8_0
+    GGUF and a 4-bit MLX artifact: their quantized weights, dequantized on load, are named by scheme with their size
+    on disk."""
+    path = builder(tmp_path)
     host.meminfo(mem_kb=1)
-    with pytest.raises(ConfigError, match=(
-            rf"^the model's weights need \d+\.\d MiB as float32 on the CPU \(its MLX affine 4-bit weights, "
-            rf"{stored / (1 << 20):.1f} MiB on disk, are dequantized to float32 when they load\), more than this "
-            "machine's ")):
+    with pytest.raises(ConfigError, match=_refused(label, stored)):
         load_model(path, progress=False)
