@@ -51,6 +51,17 @@ def f32_gguf(tiny_checkpoint, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def vision_ggufs(make_tiny, tmp_path_factory) -> tuple[Path, Path]:
+    """(the model GGUF, its mmproj GGUF) of the tiny vision checkpoint, F32; a test that changes one copies it."""
+    from gguf_export import export_mmproj_gguf
+
+    checkpoint = make_tiny("canonical", vision=True)
+    directory = tmp_path_factory.mktemp("vision-gguf")
+    return (export_text_gguf(checkpoint, directory / "model.gguf"),
+            export_mmproj_gguf(checkpoint, directory / "mmproj.gguf"))
+
+
+@pytest.fixture(scope="module")
 def llms(tiny_checkpoint, f32_gguf) -> tuple[LLM, LLM]:
     """(from the safetensors directory, from its F32 GGUF)."""
     return LLM(str(tiny_checkpoint)), LLM(str(f32_gguf))
@@ -377,16 +388,13 @@ def test_an_invalid_metadata_value_is_named_by_its_gguf_key(f32_gguf, tmp_path, 
     assert "text_config" not in str(err.value)
 
 
-def test_an_invalid_mmproj_metadata_value_is_named_by_its_gguf_key(make_tiny, tmp_path):
+def test_an_invalid_mmproj_metadata_value_is_named_by_its_gguf_key(vision_ggufs, tmp_path):
     """QA: as the model's, an mmproj's value the vision config refuses was named vision_config.layer_norm_eps."""
-    from gguf_export import export_mmproj_gguf
     from test_gguf_hostile import _rewrite
 
-    checkpoint = make_tiny("canonical", vision=True)
-    model = export_text_gguf(checkpoint, tmp_path / "model.gguf")
+    model, projector = vision_ggufs
     key = "clip.vision.attention.layer_norm_epsilon"
-    mmproj = _rewrite(export_mmproj_gguf(checkpoint, tmp_path / "mmproj.gguf"), tmp_path / "bad-mmproj.gguf",
-                      {key: 0.0})
+    mmproj = _rewrite(projector, tmp_path / "bad-mmproj.gguf", {key: 0.0})
     with pytest.raises(CheckpointError) as err:
         read_gguf_model(model, mmproj)
     assert str(err.value) == (f"{mmproj}: the metadata describes an invalid vision tower: {key}=0.0 is invalid; "
@@ -413,15 +421,12 @@ def test_metadata_sizes_that_make_a_weight_no_checkpoint_holds_are_named_by_thei
     assert "convert_hf_to_gguf.py" in message
 
 
-def test_an_mmproj_head_size_the_rotary_embedding_cannot_split_is_named_by_its_gguf_keys(make_tiny, tmp_path):
+def test_an_mmproj_head_size_the_rotary_embedding_cannot_split_is_named_by_its_gguf_keys(vision_ggufs, tmp_path):
     """Review: the error named head_dim, hidden_size and num_attention_heads, config.json's names the file lacks."""
-    from gguf_export import export_mmproj_gguf
     from test_gguf_hostile import _rewrite
 
-    checkpoint = make_tiny("canonical", vision=True)
-    model = export_text_gguf(checkpoint, tmp_path / "model.gguf")
-    mmproj = _rewrite(export_mmproj_gguf(checkpoint, tmp_path / "mmproj.gguf"), tmp_path / "bad-mmproj.gguf",
-                      {"clip.vision.attention.head_count": 16})
+    model, projector = vision_ggufs
+    mmproj = _rewrite(projector, tmp_path / "bad-mmproj.gguf", {"clip.vision.attention.head_count": 16})
     hidden = int(GGUFFile(mmproj).number("clip.vision.embedding_length"))
     with pytest.raises(CheckpointError) as err:
         read_gguf_model(model, mmproj)
@@ -651,13 +656,11 @@ def test_sampling_defaults_come_from_general_sampling_keys_like_generation_confi
     assert defaults[0] == defaults[1] == {"temperature": 0.3, "top_p": 0.9, "top_k": 5, "min_p": 0.05}
 
 
-def test_mmproj_tensors_that_do_not_match_its_metadata_are_all_listed_with_the_fix(make_tiny, tmp_path):
+def test_mmproj_tensors_that_do_not_match_its_metadata_are_all_listed_with_the_fix(vision_ggufs, tmp_path):
     """QA: an mmproj's missing and stray tensors were one line, "; "-joined, with no fix."""
-    from gguf_export import export_mmproj_gguf
 
-    checkpoint = make_tiny("canonical", vision=True)
-    model = export_text_gguf(checkpoint, tmp_path / "model.gguf")
-    good = gguf.GGUFReader(export_mmproj_gguf(checkpoint, tmp_path / "mmproj.gguf"))
+    model, projector = vision_ggufs
+    good = gguf.GGUFReader(projector)
     writer = gguf.GGUFWriter(tmp_path / "bad-mmproj.gguf", "clip")
     for field in good.fields.values():
         if not field.name.startswith("GGUF.") and field.name != "general.architecture":
@@ -686,15 +689,13 @@ def test_mmproj_tensors_that_do_not_match_its_metadata_are_all_listed_with_the_f
     ("clip.vision.image_max_pixels", 100, gguf.GGUFValueType.UINT32,
      "expected at least one merged patch, (patch_size · spatial_merge_size)² = 784 pixels"),
 ], ids=["mean-of-two", "std-zero", "max-pixels-under-a-patch"])
-def test_bad_mmproj_preprocessing_metadata_is_refused_naming_the_file_and_key(make_tiny, tmp_path, key, value,
+def test_bad_mmproj_preprocessing_metadata_is_refused_naming_the_file_and_key(vision_ggufs, tmp_path, key, value,
                                                                              value_type, problem):
     """QA: these passed the mmproj's reading and were refused later as `preprocessor config: image_mean=...` or
     `max_image_tokens=0`, naming neither the file nor a key it holds."""
-    from gguf_export import export_mmproj_gguf
 
-    checkpoint = make_tiny("canonical", vision=True)
-    model = export_text_gguf(checkpoint, tmp_path / "model.gguf")
-    good = gguf.GGUFReader(export_mmproj_gguf(checkpoint, tmp_path / "mmproj.gguf"))
+    model, projector = vision_ggufs
+    good = gguf.GGUFReader(projector)
     bad = tmp_path / "bad-mmproj.gguf"
     writer = gguf.GGUFWriter(bad, "clip")
     for field in good.fields.values():
@@ -714,17 +715,14 @@ def test_bad_mmproj_preprocessing_metadata_is_refused_naming_the_file_and_key(ma
     assert str(err.value).startswith(f"{bad}: {key}={value} is invalid; ") and problem in str(err.value)
 
 
-def test_mmproj_preprocessing_keys_it_lacks_take_the_reference_values_in_one_warning(make_tiny, tmp_path):
+def test_mmproj_preprocessing_keys_it_lacks_take_the_reference_values_in_one_warning(vision_ggufs, tmp_path):
     """QA: an mmproj without clip.vision.image_mean / image_std (which llama.cpp's clip loader requires) normalized
     images with the reference's 0.5 / 0.5 without a word, where an absent image_max_pixels is named in a warning."""
-    from gguf_export import export_mmproj_gguf
     from test_gguf_hostile import _rewrite
 
     from glimmer.multimodal.settings import MediaSettings, load_media_settings
 
-    checkpoint = make_tiny("canonical", vision=True)
-    model = export_text_gguf(checkpoint, tmp_path / "model.gguf")
-    good = export_mmproj_gguf(checkpoint, tmp_path / "mmproj.gguf")
+    model, good = vision_ggufs
     assert not [w for w in read_gguf_model(model, good).config.warnings if w.startswith(str(good))]  # all written
     mmproj = _rewrite(good, tmp_path / "bare-mmproj.gguf", {}, drop=(
         "clip.vision.image_mean", "clip.vision.image_std", "clip.vision.image_max_pixels"))
@@ -740,15 +738,12 @@ def test_mmproj_preprocessing_keys_it_lacks_take_the_reference_values_in_one_war
         MediaSettings().image_mean, MediaSettings().image_std, MediaSettings().max_image_tokens)
 
 
-def test_mmproj_keys_glimmer_does_not_read_are_named_in_a_warning(make_tiny, tmp_path):
+def test_mmproj_keys_glimmer_does_not_read_are_named_in_a_warning(vision_ggufs, tmp_path):
     """QA: an mmproj's clip.* keys Glimmer does not read (a window-attention layer list, a minimum image size, another
     activation) were ignored without a word, where the model GGUF's muse-glimmer.* ones are named in a warning."""
-    from gguf_export import export_mmproj_gguf
     from test_gguf_hostile import _rewrite
 
-    checkpoint = make_tiny("canonical", vision=True)
-    model = export_text_gguf(checkpoint, tmp_path / "model.gguf")
-    good = export_mmproj_gguf(checkpoint, tmp_path / "mmproj.gguf")
+    model, good = vision_ggufs
     assert not [w for w in read_gguf_model(model, good).config.warnings if w.startswith(str(good))]  # all read
     mmproj = _rewrite(good, tmp_path / "more-mmproj.gguf", {}, add={
         "clip.vision.wa_layer_indexes": ([0, 1], gguf.GGUFValueType.ARRAY),
@@ -761,15 +756,13 @@ def test_mmproj_keys_glimmer_does_not_read_are_named_in_a_warning(make_tiny, tmp
 
 @pytest.mark.parametrize(("key", "value"), [("clip.use_silu", True), ("clip.use_gelu", False)],
                          ids=["silu", "not-gelu"])
-def test_an_mmproj_asking_for_another_activation_is_refused_by_its_key(make_tiny, tmp_path, key, value):
+def test_an_mmproj_asking_for_another_activation_is_refused_by_its_key(vision_ggufs, tmp_path, key, value):
     """Review: clip.use_silu=true (llama.cpp's SiLU MLP) was named as an unread key and the tower ran with GELU, a
     silently other model; Muse Glimmer's vision tower uses exact GELU (architecture.md, vision_config.hidden_act)."""
-    from gguf_export import export_mmproj_gguf
     from test_gguf_hostile import _rewrite
 
-    checkpoint = make_tiny("canonical", vision=True)
-    model = export_text_gguf(checkpoint, tmp_path / "model.gguf")
-    mmproj = _rewrite(export_mmproj_gguf(checkpoint, tmp_path / "mmproj.gguf"), tmp_path / "act-mmproj.gguf", {},
+    model, projector = vision_ggufs
+    mmproj = _rewrite(projector, tmp_path / "act-mmproj.gguf", {},
                       add={key: (value, gguf.GGUFValueType.BOOL)})
     with pytest.raises(CheckpointError) as err:
         read_gguf_model(model, mmproj)
@@ -778,15 +771,13 @@ def test_an_mmproj_asking_for_another_activation_is_refused_by_its_key(make_tiny
                               "convert_hf_to_gguf.py")
 
 
-def test_an_mmproj_stating_gelu_loads_without_a_warning(make_tiny, tmp_path):
+def test_an_mmproj_stating_gelu_loads_without_a_warning(vision_ggufs, tmp_path):
     """Review: clip.use_gelu=true, which a converter writes and which is what Glimmer runs, was warned about as an
     unread key."""
-    from gguf_export import export_mmproj_gguf
     from test_gguf_hostile import _rewrite
 
-    checkpoint = make_tiny("canonical", vision=True)
-    model = export_text_gguf(checkpoint, tmp_path / "model.gguf")
-    mmproj = _rewrite(export_mmproj_gguf(checkpoint, tmp_path / "mmproj.gguf"), tmp_path / "gelu-mmproj.gguf", {},
+    model, projector = vision_ggufs
+    mmproj = _rewrite(projector, tmp_path / "gelu-mmproj.gguf", {},
                       add={"clip.use_gelu": (True, gguf.GGUFValueType.BOOL),
                            "clip.use_silu": (False, gguf.GGUFValueType.BOOL)})
     loaded = read_gguf_model(model, mmproj)
