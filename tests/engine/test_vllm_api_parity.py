@@ -250,28 +250,17 @@ def test_clean_up_tokenization_spaces_means_what_it_means_in_transformers(tiny_c
     assert cleaned is ("clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output" in config)
 
 
-@pytest.mark.parametrize("spaces", [True, False])
-def test_spaces_between_special_tokens_is_taken_by_decode_as_transformers_takes_it(llm, hf, spaces):
-    """decode and batch_decode raised TypeError on the argument vLLM's detokenizer passes; a tokenizer.json
-    tokenizer (Muse's) spaces tokens by its decoder alone, so transformers' text is the same either way."""
+@pytest.mark.parametrize("spaces", [True, False, None, 0, 1, "no"])
+def test_spaces_between_special_tokens_of_any_value_is_taken_by_decode_as_transformers_takes_it(llm, hf, spaces):
+    """decode and batch_decode raised TypeError on the argument vLLM's detokenizer passes, then on None, 0 and 1; a
+    tokenizer.json tokenizer (Muse's) spaces tokens by its decoder alone and takes any value of the argument (as
+    skip_special_tokens is not type-checked either), so transformers' text is the same whatever it is."""
     tok = llm.get_tokenizer()
     ids = [*tok.all_special_ids, *tok.encode("Hello <|start|>user<|message|>hi", add_special_tokens=True)]
     assert tok.decode(ids, spaces_between_special_tokens=spaces) == \
         hf.decode(ids, spaces_between_special_tokens=spaces) == tok.decode(ids)
     assert tok.batch_decode([ids, ids[:2]], skip_special_tokens=True, spaces_between_special_tokens=spaces) == \
         hf.batch_decode([ids, ids[:2]], skip_special_tokens=True, spaces_between_special_tokens=spaces)
-
-
-@pytest.mark.parametrize("spaces", [None, 0, 1, "no"])
-def test_spaces_between_special_tokens_of_any_value_is_taken_and_ignored_as_transformers_does(llm, hf, spaces):
-    """transformers' tokenizer.json tokenizers take any value of the argument and ignore it (as skip_special_tokens
-    is not type-checked either); None, 0 and 1 were a TypeError."""
-    tok = llm.get_tokenizer()
-    ids = [*tok.all_special_ids, *tok.encode("Hello <|start|>user<|message|>hi", add_special_tokens=True)]
-    assert tok.decode(ids, spaces_between_special_tokens=spaces) == \
-        hf.decode(ids, spaces_between_special_tokens=spaces) == tok.decode(ids)
-    assert tok.batch_decode([ids, ids[:2]], spaces_between_special_tokens=spaces) == \
-        hf.batch_decode([ids, ids[:2]], spaces_between_special_tokens=spaces)
 
 
 TRANSFORMERS_ATTRIBUTES = ("model_max_length", "special_tokens_map", "padding_side", "truncation_side",
