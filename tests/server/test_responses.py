@@ -216,6 +216,15 @@ def test_included_encrypted_reasoning_replayed_alone_renders_as_the_reasoning(se
     assert foreign.json()["error"]["param"] == "input[1].encrypted_content"
 
 
+def _replayed(encrypted_content: str) -> list[dict]:
+    """The chat messages of a user's "hi" and a reasoning item replayed sealed as `encrypted_content`."""
+    item = {"type": "reasoning", "summary": [], "encrypted_content": encrypted_content}
+    return chat_messages([{"role": "user", "content": "hi"}, item], None)
+
+
+SUNNY_REASONING = {"role": "assistant", "recipient": "self", "content": "The tool says sunny."}
+
+
 @pytest.mark.parametrize("corrupt", [lambda sealed: sealed.replace("b2wg", "!!!!"), lambda sealed: sealed + "@@",
                                      lambda sealed: "glimmer-reasoning-v1:@@@"])
 def test_a_corrupted_encrypted_reasoning_is_refused_naming_it_not_read_as_other_text(corrupt):
@@ -223,12 +232,10 @@ def test_a_corrupted_encrypted_reasoning_is_refused_naming_it_not_read_as_other_
     rendered as other reasoning ("The tosays sunny." for "The tool says sunny."), or as none, in the prompt."""
     sealed = sealed_reasoning("The tool says sunny.")
     assert "b2wg" in sealed  # "ol ", whose characters the first corruption replaces
-    item = {"type": "reasoning", "summary": [], "encrypted_content": corrupt(sealed)}
     with pytest.raises(RequestError) as refused:
-        chat_messages([{"role": "user", "content": "hi"}, item], None)
+        _replayed(corrupt(sealed))
     assert refused.value.param == "input[1].encrypted_content"
-    assert chat_messages([{"role": "user", "content": "hi"}, {**item, "encrypted_content": sealed}], None)[1] == {
-        "role": "assistant", "recipient": "self", "content": "The tool says sunny."}
+    assert _replayed(sealed)[1] == SUNNY_REASONING
 
 
 def _one_character_changed(sealed: str) -> str:
@@ -242,9 +249,8 @@ def test_an_encrypted_reasoning_altered_inside_base64s_alphabet_is_refused(alter
     and rendered as the model's reasoning: the sealed text carries a digest of itself now, and a mismatch is the
     400 naming the field."""
     sealed = sealed_reasoning("The tool says sunny.")
-    item = {"type": "reasoning", "summary": [], "encrypted_content": alter(sealed)}
     with pytest.raises(RequestError) as refused:
-        chat_messages([{"role": "user", "content": "hi"}, item], None)
+        _replayed(alter(sealed))
     assert refused.value.param == "input[1].encrypted_content"
 
 
@@ -255,9 +261,7 @@ def test_an_encrypted_reasoning_wrapped_in_whitespace_reads_as_sealed(wrap):
     """validate=True refused a sealed value a client's storage had wrapped in newlines or ended with one, which read
     right before: ASCII whitespace is not part of it. The earlier form (no digest) reads too."""
     sealed = sealed_reasoning("The tool says sunny.")
-    item = {"type": "reasoning", "summary": [], "encrypted_content": wrap(sealed)}
-    assert chat_messages([{"role": "user", "content": "hi"}, item], None)[1] == {
-        "role": "assistant", "recipient": "self", "content": "The tool says sunny."}
+    assert _replayed(wrap(sealed))[1] == SUNNY_REASONING
 
 
 def test_retrieving_with_encrypted_reasoning_included_seals_the_reasoning_items_as_create_does(client):
