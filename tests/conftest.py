@@ -73,6 +73,15 @@ def tiny_checkpoint(make_tiny) -> Path:
 
 
 @pytest.fixture(scope="session")
+def vision_tokenizer(make_tiny):
+    """The tiny vision checkpoint's tokenizer.json as the `tokenizers` library reads it (its <|patch|>, <|video|> and
+    marker tokens): what the engine counts a processed prompt with."""
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(make_tiny(vision=True) / "tokenizer.json"))
+
+
+@pytest.fixture(scope="session")
 def named_templates_checkpoint(make_tiny, tmp_path_factory) -> Path:
     """The tiny checkpoint with its template in tokenizer_config.json's list of named templates, `default` beside a
     `rag` one that writes "RAG:" at the start of every message body."""

@@ -21,12 +21,10 @@ def test_an_expansion_span_looks_only_at_the_positions_beside_its_runs(token_ids
     assert expansion_span(token_ids, (run,), (START, END)) == span
 
 
-def test_a_videos_span_runs_from_its_start_marker_before_the_first_timestamp_to_its_end_marker(make_tiny):
+def test_a_videos_span_runs_from_its_start_marker_before_the_first_timestamp_to_its_end_marker(vision_tokenizer):
     """attach_media records each item's span where the processor wrote it: an image's markers around its patches, a
     video's <|vid_start|> before its first group's timestamp tokens and its <|vid_end|> after the last group."""
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(make_tiny(vision=True) / "tokenizer.json"))
+    tokenizer = vision_tokenizer
     rng = np.random.default_rng(0)
     image = rng.integers(0, 256, (56, 84, 3), dtype=np.uint8)
     video = DecodedVideo(rng.integers(0, 256, (8, 90, 120, 3), dtype=np.uint8), fps=4.0)

@@ -135,12 +135,9 @@ def test_processor_enforces_the_request_token_limit() -> None:
 
 
 @pytest.fixture(scope="module")
-def count_tokens(make_tiny):
+def count_tokens(vision_tokenizer):
     """A tiny vision checkpoint's tokenizer's count of a text, what the engine gives the processor."""
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(make_tiny(vision=True) / "tokenizer.json"))
-    return lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids)
+    return lambda text: len(vision_tokenizer.encode(text, add_special_tokens=False).ids)
 
 
 def test_media_past_the_context_are_a_context_length_refusal_the_lower_bound_deciding(count_tokens) -> None:
