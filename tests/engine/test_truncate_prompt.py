@@ -4,6 +4,7 @@ prompt, token for token what that shorter prompt gives, in its output, its usage
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -138,53 +139,65 @@ def _image() -> Image.Image:
     return Image.fromarray((np.random.RandomState(3).rand(60, 90, 3) * 255).astype("uint8"))
 
 
-def _expansion_bounds(llm: LLM, ids: list[int], start: str, end: str) -> tuple[int, int]:
-    """Positions of the first `start` marker and the last `end` marker of a prompt with one media item."""
+@dataclass(frozen=True)
+class ExpandedPrompt:
+    """A prompt of one media item, its token ids as the engine expands it, and the positions of the item's first
+    start marker and last end marker there."""
+
+    prompt: dict
+    ids: list[int]
+    first: int
+    last: int
+
+
+def _expanded(llm: LLM, prompt: dict, start: str, end: str) -> ExpandedPrompt:
+    ids = llm.generate(prompt, _greedy())[0].prompt_token_ids
     start_id, end_id = llm.get_tokenizer().convert_tokens_to_ids([start, end])
-    return ids.index(start_id), len(ids) - 1 - ids[::-1].index(end_id)
+    return ExpandedPrompt(prompt, ids, ids.index(start_id), len(ids) - 1 - ids[::-1].index(end_id))
+
+
+@pytest.fixture(scope="module")
+def image_prompt(vision_llm) -> ExpandedPrompt:
+    prompt = {"prompt": "<|begin_of_text|>Describe <|patch|> briefly.", "multi_modal_data": {"image": _image()}}
+    return _expanded(vision_llm, prompt, "<|image_start|>", "<|image_end|>")
 
 
 @pytest.mark.parametrize("where", ["last patch", "image end", "first patch"])
-def test_a_cut_inside_an_images_expansion_is_refused_naming_the_field(vision_llm, where):
+def test_a_cut_inside_an_images_expansion_is_refused_naming_the_field(vision_llm, image_prompt, where):
     """The image is its whole expansion, <|image_start|> + <|patch|> x N + <|image_end|>: a cut that keeps its
     patches without the start marker, or its end marker without the patches, leaves what no prompt holds."""
-    prompt = {"prompt": "<|begin_of_text|>Describe <|patch|> briefly.", "multi_modal_data": {"image": _image()}}
-    ids = vision_llm.generate(prompt, _greedy())[0].prompt_token_ids
-    first, last = _expansion_bounds(vision_llm, ids, "<|image_start|>", "<|image_end|>")
+    ids, first, last = image_prompt.ids, image_prompt.first, image_prompt.last
     keep = {"last patch": len(ids) - last + 1, "image end": len(ids) - last, "first patch": len(ids) - first - 1}[where]
     with pytest.raises(RequestError) as caught:
-        vision_llm.generate(prompt, _greedy(truncate_prompt_tokens=keep))
+        vision_llm.generate(image_prompt.prompt, _greedy(truncate_prompt_tokens=keep))
     assert caught.value.param == "truncate_prompt_tokens"
     assert f"keep at most {len(ids) - last - 1} tokens (after it) or at least {len(ids) - first}" in str(caught.value)
     assert not vision_llm.engine.has_unfinished_requests
 
 
-def test_the_refusals_advice_followed_to_its_exact_numbers_is_taken(vision_llm):
+def test_the_refusals_advice_followed_to_its_exact_numbers_is_taken(vision_llm, image_prompt):
     """The refusal's "keep at most N" leaves the image out whole, its <|image_end|> included, and its "at least M"
     keeps it from its <|image_start|>: each, at its exact value, is served (N + 1 kept a lone end marker)."""
-    prompt = {"prompt": "<|begin_of_text|>Describe <|patch|> briefly.", "multi_modal_data": {"image": _image()}}
-    ids = vision_llm.generate(prompt, _greedy())[0].prompt_token_ids
-    first, last = _expansion_bounds(vision_llm, ids, "<|image_start|>", "<|image_end|>")
+    ids, first, last = image_prompt.ids, image_prompt.first, image_prompt.last
     with pytest.raises(RequestError) as caught:
-        vision_llm.generate(prompt, _greedy(truncate_prompt_tokens=len(ids) - first - 1))
+        vision_llm.generate(image_prompt.prompt, _greedy(truncate_prompt_tokens=len(ids) - first - 1))
     at_most, at_least = map(int, re.search(r"keep at most (\d+) tokens \(after it\) or at least (\d+)",
                                            str(caught.value)).groups())
-    assert (at_most, at_least) == (len(ids) - last - 1, len(ids) - first)
-    after = vision_llm.generate(prompt, _greedy(truncate_prompt_tokens=at_most))[0]
+    after = vision_llm.generate(image_prompt.prompt, _greedy(truncate_prompt_tokens=at_most))[0]
     assert after.prompt_token_ids == ids[last + 1:]
-    whole = vision_llm.generate(prompt, _greedy(truncate_prompt_tokens=at_least))[0]
+    whole = vision_llm.generate(image_prompt.prompt, _greedy(truncate_prompt_tokens=at_least))[0]
     assert whole.prompt_token_ids == ids[first:]
 
 
 def test_a_cut_between_a_videos_start_and_its_first_frames_is_refused(vision_llm):
     frames = DecodedVideo((np.random.RandomState(4).rand(4, 56, 56, 3) * 255).astype("uint8"), fps=2.0)
-    prompt = {"prompt": "<|begin_of_text|>What happens in <|video|> here?", "multi_modal_data": {"video": frames}}
-    ids = vision_llm.generate(prompt, _greedy())[0].prompt_token_ids
-    first, last = _expansion_bounds(vision_llm, ids, "<|vid_start|>", "<|vid_end|>")
+    video = _expanded(vision_llm, {"prompt": "<|begin_of_text|>What happens in <|video|> here?",
+                                   "multi_modal_data": {"video": frames}}, "<|vid_start|>", "<|vid_end|>")
+    ids, first, last = video.ids, video.first, video.last
     with pytest.raises(RequestError) as caught:
-        vision_llm.generate(prompt, _greedy(truncate_prompt_tokens=len(ids) - first - 1))
+        vision_llm.generate(video.prompt, _greedy(truncate_prompt_tokens=len(ids) - first - 1))
     assert f"keep at most {len(ids) - last - 1} tokens (after it) or at least {len(ids) - first}" in str(caught.value)
-    kept = vision_llm.generate(prompt, _greedy(truncate_prompt_tokens=len(ids) - first))[0]
+    kept = vision_llm.generate(video.prompt, _greedy(truncate_prompt_tokens=len(ids) - first))[0]
     assert kept.prompt_token_ids == ids[first:]
 
 
