@@ -60,10 +60,17 @@ class TensorInfo:
     dtype: str
     file: Path
     stored_name: str | None = None  # the file's own name, where a reader renamed it (GGUF's blk.2.ffn_up.weight)
+    stored_bytes: int | None = None  # its length in the file, where the header gives it (safetensors' data_offsets)
 
     @property
     def num_bytes(self) -> int:
-        """The tensor's size in its file."""
+        """The tensor's size in its file: its header's length where known, else its shape times its dtype's size.
+        Raises CheckpointError naming the dtype where neither is known."""
+        if self.stored_bytes is not None:
+            return self.stored_bytes
+        if self.dtype not in _DTYPE_BYTES:  # F8_E8M0, F4, or a pickle's torch dtype: sizes this table does not hold
+            raise CheckpointError(f"cannot tell the size of tensor {self.name!r} in {self.file}: its dtype "
+                                  f"{self.dtype} has no known size in bytes and its file gives no length")
         return math.prod(self.shape) * _DTYPE_BYTES[self.dtype]
 
 
@@ -75,6 +82,16 @@ _DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16
 # buffers older Hugging Face exports saved with the weights; transformers ignores them on load, and Glimmer
 # computes the RoPE frequencies from the config (rope_theta, head_dim) as the reference does
 _IGNORED_BUFFER = re.compile(r"(.*\.)?rotary_emb\.inv_freq")
+
+
+def _stored_lengths(file: Path) -> dict[str, int]:
+    """Each tensor's length in bytes by its `data_offsets` in the safetensors header (an 8-byte little-endian
+    length, then that much JSON), which safe_open reads but does not expose. Call it after safe_open accepted the
+    file: a damaged header raises there first."""
+    with file.open("rb") as handle:
+        header = json.loads(handle.read(int.from_bytes(handle.read(8), "little")))
+    return {name: entry["data_offsets"][1] - entry["data_offsets"][0]
+            for name, entry in header.items() if name != "__metadata__"}
 
 
 def is_ignored_buffer(name: str) -> bool:
@@ -157,6 +174,7 @@ class SafetensorsCheckpoint:
             try:
                 with safe_open(file, framework="pt") as handle:
                     present = set(handle.keys())
+                    lengths = _stored_lengths(file)
                     if names is not None:  # read as transformers does: every tensor of every shard the index names
                         unlisted[file] = sorted(n for n in present - set(names) if not is_ignored_buffer(n))
                         self._refuse_copies(file, unlisted[file], indexed, files)
@@ -170,7 +188,8 @@ class SafetensorsCheckpoint:
                                 "but that shard does not contain it; the index and the shards disagree"
                             )
                         sliced = handle.get_slice(name)
-                        self._add(TensorInfo(name, tuple(sliced.get_shape()), sliced.get_dtype(), file))
+                        self._add(TensorInfo(name, tuple(sliced.get_shape()), sliced.get_dtype(), file,
+                                             stored_bytes=lengths.get(name)))
             except CheckpointError:
                 raise
             except Exception as exc:  # safetensors raises several unrelated types for a damaged file

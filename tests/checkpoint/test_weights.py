@@ -713,3 +713,26 @@ def test_tied_config_with_a_stored_lm_head_uses_it_as_the_reference_does(make_ti
     with torch.no_grad():
         got = ours.compute_logits(ours(torch.tensor(ids), ForwardContext.without_cache([len(ids)])))
     assert (got - reference_logits(reference_model(untied), ids)).abs().max().item() < 1e-4
+
+
+def test_a_tensor_of_a_dtype_without_a_known_size_takes_its_size_from_the_safetensors_header(tmp_path):
+    """F8_E8M0 (MXFP4's scales) is not in the dtype-size table: num_bytes raised a bare KeyError; the header's
+    data_offsets give its length."""
+    from glimmer.checkpoint.safetensors_files import SafetensorsCheckpoint
+
+    tmp_path.joinpath("model").mkdir()
+    save_file({"a.weight_scale": torch.zeros(4, 8, dtype=torch.float8_e8m0fnu),
+               "a.weight": torch.zeros(3, 5, dtype=torch.bfloat16)}, str(tmp_path / "model" / "model.safetensors"))
+    tensors = SafetensorsCheckpoint(tmp_path / "model").tensors
+    assert (tensors["a.weight_scale"].num_bytes, tensors["a.weight"].num_bytes) == (32, 30)
+
+
+def test_a_tensor_of_an_unknown_dtype_without_a_stored_length_is_refused_naming_the_dtype(tmp_path):
+    """A pickled drafter's tensor carries torch's dtype name where the table has none (torch.int8), and no header
+    length: its size is refused naming the dtype, not a bare KeyError."""
+    from glimmer.checkpoint.safetensors_files import TensorInfo
+
+    info = TensorInfo("d.weight", (2, 3), "torch.int8", tmp_path / "drafter.pt")
+    with pytest.raises(CheckpointError, match=r"tensor 'd\.weight' in .*drafter\.pt: its dtype torch\.int8 has no "
+                                              "known size in bytes"):
+        _ = info.num_bytes
