@@ -45,6 +45,7 @@ import torch
 from glimmer.checkpoint.config import ModelConfig
 from glimmer.checkpoint.config_layouts import normalize_config
 from glimmer.checkpoint.mapped_tensors import MappedTensor, MappedTensors, non_finite_part
+from glimmer.checkpoint.quantized_weights import QuantizedStorage
 from glimmer.checkpoint.safetensors_files import SafetensorsCheckpoint, TensorInfo
 from glimmer.checkpoint.weight_layouts import detect_weight_layout, locate
 from glimmer.checkpoint.weight_mismatch import MismatchAdvice, WeightMismatch
@@ -87,7 +88,7 @@ class CompressedTensorsCheckpoint:
     weight_layout: str
     tensor_types: dict[str, int]
     quantization: dict[str, Any]  # for `glimmer inspect`
-    quantized_bytes: int | None = None  # the quantized modules' tensors on disk; None: the config alone was read
+    quantized: QuantizedStorage | None = None  # the quantized modules' tensors on disk; None: the config alone was read
 
 
 def quantization_config_of(raw: Mapping[str, Any]) -> Any:
@@ -123,16 +124,16 @@ def open_compressed_tensors(path: Path, raw: dict[str, Any], *, weights: bool = 
     config = dataclasses.replace(config, warnings=(*config.warnings, *files.warnings))
     layout = detect_weight_layout(files.names())
     entries, types, quantized = _entries(files, config, layout)
-    quantized_bytes = sum(files.tensors[f"{module}.{part}"].num_bytes for module in quantized
-                          for part in (_PACKED, _SCALE, _GLOBAL))
+    storage = QuantizedStorage(SCHEME, sum(files.tensors[f"{module}.{part}"].num_bytes for module in quantized
+                                           for part in (_PACKED, _SCALE, _GLOBAL)))
     summary |= {
         "quantized_modules": len(quantized),
         "quantized_module_kinds": sorted({_module_kind(module) for module in quantized}),
-        "quantized_bytes": quantized_bytes,
+        "quantized_bytes": storage.bytes_on_disk,
         "dequantized_to": "the model dtype, when loaded",
     }
     return CompressedTensorsCheckpoint(config, MappedTensors(path, entries, files.total_bytes), layout, types, summary,
-                                       quantized_bytes)
+                                       storage)
 
 
 # the kinds of quantized weights find_quantized_weights tells apart

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 from glimmer.checkpoint.compressed_tensors import (
-    SCHEME,
     open_compressed_tensors,
     quantization_config_of,
     refuse_unmarked_packed_weights,
@@ -43,6 +42,7 @@ from glimmer.checkpoint.pickle_files import (
     is_training_state,
     pickle_files,
 )
+from glimmer.checkpoint.quantized_weights import QuantizedStorage
 from glimmer.checkpoint.safetensors_files import (
     INDEX_FILE,
     SafetensorsCheckpoint,
@@ -83,8 +83,7 @@ class OpenedCheckpoint:
     # compressed-tensors: the quantization scheme, its modules and their bytes on disk, for `glimmer inspect`
     quantization: dict[str, Any] | None = None
     # quantized weights, dequantized on load: their scheme and their bytes on disk (None: none, or none read)
-    quantized_scheme: str | None = None
-    quantized_bytes: int | None = None
+    quantized: QuantizedStorage | None = None
     # GGUF: the embedded tokenizer (a GGUFTokenizer); None: tokenizer.json etc. in the directory
     tokenizer: Any = None
     # GGUF with --mmproj: the preprocessing settings as a preprocessor_config.json dict
@@ -128,8 +127,7 @@ def open_checkpoint(
         artifact = open_mlx_artifact(path, raw)
         opened = OpenedCheckpoint(path, MLX, artifact.config, artifact.tensors, CANONICAL, artifact.rope_layout,
                                   stored_layout=MLX, tensor_types=artifact.tensor_types,
-                                  quantized_scheme=artifact.quantized_scheme,
-                                  quantized_bytes=artifact.quantized_bytes)
+                                  quantized=artifact.quantized)
     elif raw is not None and quantization_config_of(raw) is not None:
         opened = _open_compressed_tensors(path, raw, weights)
     elif not weights:
@@ -239,8 +237,7 @@ def _open_compressed_tensors(path: Path, raw: dict[str, Any], weights: bool) -> 
         _check_rope_flag(path, found.weight_layout)
     return OpenedCheckpoint(path, COMPRESSED_TENSORS, found.config, found.tensors, found.weight_layout,
                             ROPE_LAYOUT[found.weight_layout], tensor_types=found.tensor_types or None,
-                            quantization=found.quantization, quantized_scheme=SCHEME,
-                            quantized_bytes=found.quantized_bytes)
+                            quantization=found.quantization, quantized=found.quantized)
 
 
 def _open_gguf(path: Path, mmproj: str | os.PathLike | None) -> OpenedCheckpoint:
@@ -253,11 +250,11 @@ def _open_gguf(path: Path, mmproj: str | os.PathLike | None) -> OpenedCheckpoint
     tokenizer = read_gguf_tokenizer(file)
     quantized = [entry for entry in file.tensors.values() if entry.type_name not in FLOAT_TYPES]  # dequantized on load
     quantized_types = sorted({entry.type_name for entry in quantized})
+    storage = QuantizedStorage(f"GGUF {'/'.join(quantized_types)}", sum(entry.num_bytes for entry in quantized))
     return OpenedCheckpoint(path, GGUF, model.config, model.tensors, CANONICAL, GGUF_ROPE_LAYOUT, stored_layout=GGUF,
                             tensor_types=model.tensor_types, tokenizer=tokenizer,
                             preprocessor_config=model.preprocessor_config,
-                            quantized_scheme=f"GGUF {'/'.join(quantized_types)}" if quantized_types else None,
-                            quantized_bytes=sum(entry.num_bytes for entry in quantized) if quantized else None)
+                            quantized=storage if quantized else None)
 
 
 def _with_code_warning(opened: OpenedCheckpoint) -> OpenedCheckpoint:

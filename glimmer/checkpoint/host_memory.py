@@ -19,6 +19,7 @@ from pathlib import Path, PurePosixPath
 import torch
 from torch import nn
 
+from glimmer.checkpoint.quantized_weights import QuantizedStorage
 from glimmer.errors import ConfigError
 
 MEMINFO = Path("/proc/meminfo")
@@ -181,17 +182,17 @@ def _halving_hint(dtype: torch.dtype) -> str:
 
 
 def check_fits_in_host_memory(model: nn.Module, device: torch.device | str, dtype: torch.dtype, *,
-                              quantized_scheme: str | None = None, quantized_bytes: int | None = None) -> None:
+                              quantized: QuantizedStorage | None = None) -> None:
     """Raises ConfigError (one line: the size, the memory, the fix) when `model`'s weights, materialized on the
     CPU, would exceed the physical memory plus swap this process may use. Does nothing on other devices or where the
-    memory is unknown. `quantized_scheme` and `quantized_bytes` (on disk) describe quantized weights stored, which
+    memory is unknown. `quantized` describes quantized weights stored (their scheme and bytes on disk), which
     load dequantized: a size many times the download's is then explained."""
     needed = parameter_bytes(model)
     memory = _host_memory_short(device, needed)
     if memory is not None:
         name = str(dtype).removeprefix('torch.')
-        why = (f" (its {quantized_scheme} weights, {_size(quantized_bytes)} on disk, are dequantized to {name} when "
-               "they load)" if quantized_scheme and quantized_bytes is not None else "")
+        why = (f" (its {quantized.scheme} weights, {_size(quantized.bytes_on_disk)} on disk, are dequantized to "
+               f"{name} when they load)" if quantized is not None else "")
         raise ConfigError(
             f"the model's weights need {_size(needed)} as {name} on the CPU{why}, more than "
             f"{memory.describe()}; load a smaller model (e.g. glimmer make-tiny) or use a GPU with room for it "

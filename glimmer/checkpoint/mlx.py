@@ -39,6 +39,7 @@ from glimmer.checkpoint.config import ModelConfig, TextConfig
 from glimmer.checkpoint.config_fields import is_int
 from glimmer.checkpoint.config_layouts import normalize_config
 from glimmer.checkpoint.mapped_tensors import MappedTensor, MappedTensors, non_finite_part
+from glimmer.checkpoint.quantized_weights import QuantizedStorage
 from glimmer.checkpoint.safetensors_files import SafetensorsCheckpoint, TensorInfo
 from glimmer.checkpoint.weight_layouts import interleaved_to_rotate_half
 from glimmer.checkpoint.weight_mismatch import MismatchAdvice, WeightMismatch
@@ -59,8 +60,7 @@ class MlxArtifact:
     tensor_types: dict[str, int]
     # the quantized modules' codes, scales and biases, dequantized on load: their bits ("MLX affine 4-bit") and bytes on
     # disk (None: none is quantized)
-    quantized_scheme: str | None = None
-    quantized_bytes: int | None = None
+    quantized: QuantizedStorage | None = None
 
 
 @dataclass(frozen=True)
@@ -90,9 +90,9 @@ def open_mlx_artifact(path: Path, raw: dict[str, Any]) -> MlxArtifact:
     quantized = [name.removesuffix(".scales") for name in files.tensors if name.endswith(".scales")]  # checked above
     bits = sorted({label.split()[1] for label in types if label.startswith("affine ")}, key=lambda b: int(b[:-4]))
     return MlxArtifact(config, MappedTensors(path, entries, files.total_bytes), rope, types,
-                       quantized_scheme=f"MLX affine {'/'.join(bits)}" if bits else None,
-                       quantized_bytes=sum(files.tensors[f"{module}.{part}"].num_bytes for module in quantized
-                                           for part in ("weight", "scales", "biases")) if quantized else None)
+                       QuantizedStorage(f"MLX affine {'/'.join(bits)}",
+                                        sum(files.tensors[f"{module}.{part}"].num_bytes for module in quantized
+                                            for part in ("weight", "scales", "biases"))) if quantized else None)
 
 
 def refuse_unmarked_artifact(path: Path, raw: dict[str, Any], files: SafetensorsCheckpoint, text: TextConfig) -> None:

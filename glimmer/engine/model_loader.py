@@ -76,8 +76,7 @@ def load_model(
     config = untie_if_lm_head_stored(drop_vision_if_absent(opened.config, files, layout), files, layout)
     model = _meta_model(config, dtype)
     plan = plan_weights(config, files, expected_parameters(model, config), layout)
-    check_fits_in_host_memory(model, device, dtype, quantized_scheme=opened.quantized_scheme,
-                              quantized_bytes=opened.quantized_bytes)
+    check_fits_in_host_memory(model, device, dtype, quantized=opened.quantized)
     model = model.to_empty(device=device)
     fill_parameters(model, plan, files, progress=progress)
     if config.text.tie_word_embeddings:
