@@ -85,12 +85,11 @@ def open_mlx_artifact(path: Path, raw: dict[str, Any]) -> MlxArtifact:
     interleaved = _interleaved_rope(raw, config, source)
     files = SafetensorsCheckpoint(path)
     config = dataclasses.replace(config, warnings=(*config.warnings, *files.warnings))  # files left out
-    entries, types = _entries(files, config.text, default, overrides, interleaved, spec_key)
+    entries, types, quantized = _entries(files, config.text, default, overrides, interleaved, spec_key)
     rope = "interleaved (permuted to rotate-half on load)" if interleaved else "rotate-half"
-    quantized = [name.removesuffix(".scales") for name in files.tensors if name.endswith(".scales")]  # checked above
-    bits = sorted({label.split()[1] for label in types if label.startswith("affine ")}, key=lambda b: int(b[:-4]))
+    bits = "/".join(f"{b}-bit" for b in sorted({scheme.bits for scheme in quantized.values()}))
     return MlxArtifact(config, MappedTensors(path, entries, files.total_bytes), rope, types,
-                       QuantizedStorage(f"MLX affine {'/'.join(bits)}",
+                       QuantizedStorage(f"MLX affine {bits}",
                                         sum(files.tensors[f"{module}.{part}"].num_bytes for module in quantized
                                             for part in ("weight", "scales", "biases"))) if quantized else None)
 
@@ -221,11 +220,13 @@ def _entries(
     overrides: dict[str, _Quantization | None],
     interleaved: bool,
     spec_key: str,
-) -> tuple[dict[str, MappedTensor], dict[str, int]]:
-    """Canonical tensors of the artifact; every tensor missing, stray, misshapen or of a dtype the packing does not
-    use is listed in one CheckpointError (weight_mismatch.py), as the safetensors loader's."""
+) -> tuple[dict[str, MappedTensor], dict[str, int], dict[str, _Quantization]]:
+    """Canonical tensors of the artifact, its storage types' counts and its quantized modules' schemes; every tensor
+    missing, stray, misshapen or of a dtype the packing does not use is listed in one CheckpointError
+    (weight_mismatch.py), as the safetensors loader's."""
     used: set[str] = set()
     types: dict[str, int] = {}
+    quantized: dict[str, _Quantization] = {}  # quantized module → its scheme
     found = WeightMismatch()
     h, heads, kv_heads, d = text.hidden_size, text.num_attention_heads, text.num_key_value_heads, text.head_dim
 
@@ -275,6 +276,7 @@ def _entries(
         if whole:
             label = f"affine {scheme.bits}-bit g{scheme.group_size}"
             types[label] = types.get(label, 0) + 1
+            quantized[module] = scheme
         return lambda: dequantize_affine(files.read(weight), files.read(f"{module}.scales"),
                                          files.read(f"{module}.biases"), scheme.group_size, scheme.bits)
 
@@ -319,7 +321,7 @@ def _entries(
     entries = {name: MappedTensor(TensorInfo(name, shape, "F32", files.tensors[stored].file, stored_name=stored), read,
                                   trace=_scales_trace(files, stored.removesuffix(".weight")))
                for name, (shape, stored, read) in readers.items()}
-    return entries, types
+    return entries, types, quantized
 
 
 def _scales_trace(files: SafetensorsCheckpoint, module: str) -> Callable[[], str | None] | None:
