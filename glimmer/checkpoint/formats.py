@@ -241,20 +241,17 @@ def _open_compressed_tensors(path: Path, raw: dict[str, Any], weights: bool) -> 
 
 
 def _open_gguf(path: Path, mmproj: str | os.PathLike | None) -> OpenedCheckpoint:
-    from glimmer.checkpoint.gguf_file import FLOAT_TYPES, GGUFFile
+    from glimmer.checkpoint.gguf_file import GGUFFile
     from glimmer.checkpoint.gguf_model import GGUF_ROPE_LAYOUT, read_gguf_model
     from glimmer.checkpoint.gguf_tokenizer import read_gguf_tokenizer
 
     file = GGUFFile(path)
     model = read_gguf_model(file, mmproj)
     tokenizer = read_gguf_tokenizer(file)
-    quantized = [entry for entry in file.tensors.values() if entry.type_name not in FLOAT_TYPES]  # dequantized on load
-    quantized_types = sorted({entry.type_name for entry in quantized})
-    storage = QuantizedStorage(f"GGUF {'/'.join(quantized_types)}", sum(entry.num_bytes for entry in quantized))
     return OpenedCheckpoint(path, GGUF, model.config, model.tensors, CANONICAL, GGUF_ROPE_LAYOUT, stored_layout=GGUF,
                             tensor_types=model.tensor_types, tokenizer=tokenizer,
                             preprocessor_config=model.preprocessor_config,
-                            quantized=storage if quantized else None)
+                            quantized=model.quantized)
 
 
 def _with_code_warning(opened: OpenedCheckpoint) -> OpenedCheckpoint:

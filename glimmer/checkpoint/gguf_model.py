@@ -48,6 +48,7 @@ from glimmer.checkpoint.gguf_file import (
     ARCHITECTURE_KEY,
     CONVERT_AGAIN,
     DRAFTER_ARCH,
+    FLOAT_TYPES,
     MMPROJ_ARCH,
     MODEL_ARCH,
     GGUFFile,
@@ -55,6 +56,7 @@ from glimmer.checkpoint.gguf_file import (
     unread_keys_warning,
 )
 from glimmer.checkpoint.mapped_tensors import MappedTensor, MappedTensors
+from glimmer.checkpoint.quantized_weights import QuantizedStorage
 from glimmer.checkpoint.weight_layouts import interleaved_to_rotate_half
 from glimmer.errors import ConfigError
 
@@ -125,6 +127,8 @@ class GGUFModel:
     tensor_types: dict[str, int]
     # the mmproj's preprocessing settings, as a preprocessor_config.json dict (None without --mmproj)
     preprocessor_config: dict[str, Any] | None
+    # the model file's quantized tensors (Q8_0, Q4_K, …), dequantized on load (None: all are float)
+    quantized: QuantizedStorage | None
 
 
 def describe_gguf_kind(file: GGUFFile) -> str:
@@ -180,7 +184,16 @@ def read_gguf_model(path: str | Path | GGUFFile, mmproj: str | Path | None = Non
     )
     size = file.total_bytes + (vision.total_bytes if vision is not None else 0)
     return GGUFModel(config, MappedTensors(file.path, entries, size), types,
-                     vision.preprocessor_config if vision else None)
+                     vision.preprocessor_config if vision else None, _quantized_storage(file))
+
+
+def _quantized_storage(file: GGUFFile) -> QuantizedStorage | None:
+    """The model file's quantized tensors: their GGML types ("GGUF Q4_K/Q6_K") and bytes on disk."""
+    quantized = [entry for entry in file.tensors.values() if entry.type_name not in FLOAT_TYPES]
+    if not quantized:
+        return None
+    return QuantizedStorage(f"GGUF {'/'.join(sorted({entry.type_name for entry in quantized}))}",
+                            sum(entry.num_bytes for entry in quantized))
 
 
 def _vocabulary_id(file: GGUFFile, token: str) -> int:
