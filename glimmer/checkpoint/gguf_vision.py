@@ -63,12 +63,13 @@ _FIELD_KEYS = {field: f"clip.vision.{name}" for field, name in (
     ("layer_norm_eps", "attention.layer_norm_epsilon"),
 )}
 
-# every clip.* key read_mmproj reads, and clip.vision.image_size, llama.cpp's warm-up image (Glimmer sizes each image by
-# image_max_pixels); any other is ignored with a warning, as the model GGUF's unread muse-glimmer.* keys are
 # llama.cpp's flags choosing the vision MLP's activation → the value that means Muse Glimmer's exact GELU
 # (architecture.md §1.2, hidden_act "gelu"); any other asks for another model
 _ACTIVATION_KEYS = {"clip.use_gelu": True, "clip.use_silu": False}
-_KNOWN_KEYS = frozenset({
+
+# every clip.* key read_mmproj reads, and clip.vision.image_size, llama.cpp's warm-up image (Glimmer sizes each image by
+# image_max_pixels); any other is ignored with a warning, as the model GGUF's unread muse-glimmer.* keys are
+_READ_KEYS = frozenset({
     "clip.projector_type", "clip.vision.projector_type", "clip.has_vision_encoder", "clip.vision.projection_dim",
     "clip.vision.image_size", "clip.vision.image_mean", "clip.vision.image_std", "clip.vision.image_max_pixels",
     *_FIELD_KEYS.values(), *_ACTIVATION_KEYS,
@@ -175,7 +176,7 @@ def read_mmproj(path: str | Path, text: TextConfig) -> MmprojVision:
                          f"({REFERENCE_MAX_IMAGE_TOKENS} tokens an image)")
     warnings = [f"{file.path}: metadata keys absent from the mmproj took the reference values: {', '.join(defaulted)}"
                 ] if defaulted else []
-    warnings += unread_keys_warning(file, "clip.", {key.removeprefix("clip.") for key in _KNOWN_KEYS})
+    warnings += unread_keys_warning(file, "clip.", {key.removeprefix("clip.") for key in _READ_KEYS})
     return MmprojVision(config, entries, types, warnings, out_hidden, projector_hidden, preprocessor,
                         file.total_bytes)
 
