@@ -1575,16 +1575,15 @@ def _compilation_config(text: str) -> dict[str, Any]:
     """--compilation-config's value: a JSON object, or vLLM's shorthand for a level alone (`--compilation-config 3`)
     as the object that says it ({"level": 3}), which its dotted keys and LLM(compilation_config=...)'s rule read."""
     try:
-        level = json.loads(text)
+        value = json.loads(text)
     except ValueError:
-        level = None
-    if type(level) is int:
-        return {"level": level}
-    try:
-        return _json_object(text)
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a JSON object such as '{{\"level\": 3}}', nor a level "
-                                         "(a whole number, as in --compilation-config 3)") from None
+        value = None
+    if type(value) is int:
+        return {"level": value}
+    if isinstance(value, dict):
+        return value
+    raise argparse.ArgumentTypeError(f"{text!r} is not a JSON object such as '{{\"level\": 3}}', nor a level "
+                                     "(a whole number, as in --compilation-config 3)")
 
 
 # `vllm serve` options for the engine arguments Glimmer's has no field for (VLLM_ONLY_LLM_ARGUMENTS: `LLM(...)` takes
