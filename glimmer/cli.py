@@ -677,12 +677,11 @@ def _run_batch(args: argparse.Namespace, sigterm: SigtermWatch) -> int:
         if output is None or not output.started:  # the output is as it was: "stopped before the batch began"
             raise
         by, signum = ("SIGTERM", signal.SIGTERM) if isinstance(stop, Terminated) else ("Ctrl-C", signal.SIGINT)
-        # the output's own count: the stop leaves no summary
         print(f"run-batch: stopped by {by}; wrote {_records(output.records)} to {shown}, those finished before it "
               "(the requests in flight were aborted)", file=sys.stderr)
         return 128 + signum
     failed = f", {summary.failed} failed (see their `error`)" * bool(summary.failed)
-    print(f"run-batch: wrote {_records(summary.written)} to {shown}: {summary.succeeded} answered with status "
+    print(f"run-batch: wrote {_records(output.records)} to {shown}: {summary.succeeded} answered with status "
           f"200{failed}", file=sys.stderr)
     if engine.failure is not None:
         print(f"glimmer: error: the engine stopped after an internal error ({type(engine.failure).__name__}: "
