@@ -4,6 +4,7 @@ a tiny random model): the same sequences, cumulative logprobs and order."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 from dataclasses import replace
 from unittest.mock import MagicMock
@@ -281,6 +282,8 @@ def test_a_beam_that_generated_a_placeholder_id_goes_on_as_greedy_decoding_does(
     config = copy.copy(llm.engine.model_config)  # a text-only config refuses an image_token_id at construction
     object.__setattr__(config, "image_token_id", greedy.token_ids[0])
     monkeypatch.setattr(llm.engine, "model_config", config)
+    monkeypatch.setattr(llm.engine, "media_token_ids",  # the ids the engine's placeholder checks read
+                        dataclasses.replace(llm.engine.media_token_ids, image=greedy.token_ids[0]))
     beam = llm.beam_search([prompt], BeamSearchParams(beam_width=1, max_tokens=4, ignore_eos=True))[0].sequences[0]
     assert beam.tokens == prompt + greedy.token_ids
     with pytest.raises(RequestError, match="image placeholder"):
