@@ -110,6 +110,8 @@ def _require_positive_float(owner: str, name: str, value: Any) -> None:
 
 # the fix for sizes no model has; a GGUF's reader gives its own (gguf_file.fields_as_gguf_keys)
 DAMAGED_CONFIG_FIX = "use the config.json published with the weights"
+# the warning's words for the config.json fields a config lacks (a GGUF's say gguf_file.ABSENT_KEYS_TOOK_DEFAULTS)
+ABSENT_FIELDS_TOOK_DEFAULTS = "absent fields took transformers' defaults"
 
 
 def _refuse_huge_weights(owner: str, matrices: dict[str, int]) -> None:

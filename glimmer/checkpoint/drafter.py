@@ -22,10 +22,10 @@ import torch
 
 from glimmer.checkpoint.broken_links import refuse_not_a_file
 from glimmer.checkpoint.compressed_tensors import describe_quantized_weights, find_quantized_weights
-from glimmer.checkpoint.config import DrafterConfig, TextConfig, too_many_layers
+from glimmer.checkpoint.config import ABSENT_FIELDS_TOOK_DEFAULTS, DrafterConfig, TextConfig, too_many_layers
 from glimmer.checkpoint.config_common_fields import read_rope_parameters
 from glimmer.checkpoint.config_fields import Notes, Section, dtype_field_warnings
-from glimmer.checkpoint.gguf_file import ABSENT_KEYS_TOOK_DEFAULTS, is_gguf_path
+from glimmer.checkpoint.gguf_file import is_gguf_path
 from glimmer.checkpoint.json_files import read_json_object
 from glimmer.checkpoint.mapped_tensors import MappedTensors
 from glimmer.checkpoint.pickle_files import DTYPE_NAMES, load_weights_only, torch_load_failure
@@ -68,8 +68,6 @@ _IGNORED = frozenset(
     output_hidden_states return_dict quantization_config""".split()
 )
 
-# the warning's words for the config.json fields a drafter lacks (a GGUF's say ABSENT_KEYS_TOOK_DEFAULTS)
-ABSENT_FIELDS_TOOK_DEFAULTS = "absent fields took transformers' defaults"
 
 
 def read_drafter_config(
@@ -258,8 +256,7 @@ def open_drafter_checkpoint(
             config = read_drafter_config(drafter.config, source=str(location), mask_token_id=mask_token_id)
         except ConfigError as exc:  # it names config.json's fields, which the file does not hold
             raise ConfigError(name_gguf_keys(str(exc))) from None
-        config = replace(config, warnings=(*(name_gguf_keys(warning).replace(
-            ABSENT_FIELDS_TOOK_DEFAULTS, ABSENT_KEYS_TOOK_DEFAULTS) for warning in config.warnings), *drafter.warnings))
+        config = replace(config, warnings=(*map(name_gguf_keys, config.warnings), *drafter.warnings))
         return DrafterCheckpoint(config, drafter.tensors, DRAFTER_CANONICAL, location)
     if location.is_file():
         if location.suffix != ".pt":

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from glimmer.checkpoint.broken_links import broken_link_problem, is_broken_link, lfs_pointer_problem
-from glimmer.checkpoint.config import DAMAGED_CONFIG_FIX
+from glimmer.checkpoint.config import ABSENT_FIELDS_TOOK_DEFAULTS, DAMAGED_CONFIG_FIX
 from glimmer.checkpoint.safetensors_files import TensorInfo
 from glimmer.checkpoint.weight_mismatch import MismatchAdvice, WeightMismatch
 from glimmer.errors import CheckpointError
@@ -110,12 +110,14 @@ def fields_as_gguf_keys(message: str, keys: dict[str, str], owner: str | None = 
     metadata key the file holds it under, with or without its `owner.` prefix, wherever the message names it: given a
     value, listed or in a formula (`text_config.rms_norm_eps=0.0` → `muse-glimmer.attention.layer_norm_rms_epsilon=0.0`;
     `intermediate_size × hidden_size` → `muse-glimmer.feed_forward_length × muse-glimmer.embedding_length`), and the
-    fix for a damaged config.json given as the GGUF's: the file has no field of the config's name, nor a config.json."""
+    fix for a damaged config.json, and the words for defaulted fields, given as the GGUF's: the file has no field of
+    the config's name, nor a config.json."""
     prefix = rf"(?:{re.escape(owner)}\.)?" if owner else ""
     fields = "|".join(map(re.escape, keys))
     # a whole name, not part of a longer one or of a key already named (`dflash.block_size`)
     named = re.sub(rf"(?<![\w.-]){prefix}({fields})(?![\w.])", lambda m: keys[m.group(1)], message)
-    return named.replace(DAMAGED_CONFIG_FIX, f"load the GGUF published for this model, or {CONVERT_AGAIN}")
+    return named.replace(DAMAGED_CONFIG_FIX, f"load the GGUF published for this model, or {CONVERT_AGAIN}").replace(
+        ABSENT_FIELDS_TOOK_DEFAULTS, ABSENT_KEYS_TOOK_DEFAULTS)
 
 
 def unread_keys(file: GGUFFile, prefix: str, read: Collection[str]) -> list[str]:
