@@ -508,10 +508,13 @@ def nvfp4_quantization_config() -> dict[str, Any]:
 def quantize_nvfp4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(weight_packed, weight_scale, weight_global_scale) of a float weight [out, in] (in a multiple of 16): the
     global scale maps the tensor's largest magnitude to FP8's largest times FP4's (448 · 6), each group's FP8
-    scale its largest to 6, and each weight rounds to the nearest E2M1 value (ties to the even code)."""
+    scale its largest to 6, and each weight rounds to the nearest E2M1 value (ties to the even code). A weight all
+    zero, or too small for that ratio to be a float32 (448 · 6 / 1e-37 overflows), takes the global scale 1.0 as
+    compressed-tensors gives it: its FP8 scales are then 0 and it dequantizes to zeros."""
     weight = weight.float()
     out, columns = weight.shape
     global_scale = (448.0 * 6.0 / weight.abs().max().clamp(min=torch.finfo(torch.float32).tiny)).reshape(1)
+    global_scale = global_scale.masked_fill(global_scale.isinf(), 1.0)  # the loader refuses an infinite one
     groups = weight.reshape(out, columns // GROUP_SIZE, GROUP_SIZE)
     scale = (groups.abs().amax(-1) / 6.0 * global_scale).clamp(max=448.0).to(torch.float8_e4m3fn)
     step = (scale.float() / global_scale).clamp(min=torch.finfo(torch.float32).tiny)

@@ -17,7 +17,7 @@ from oracle import reference_greedy, reference_logits, reference_model
 from quantized_fixtures import quantize_linears
 from safetensors.torch import load_file, save_file
 
-from glimmer.checkpoint.compressed_tensors import dequantize_nvfp4
+from glimmer.checkpoint.compressed_tensors import dequantize_nvfp4, quantize_nvfp4
 from glimmer.checkpoint.formats import open_checkpoint
 from glimmer.checkpoint.inspect import inspect_checkpoint
 from glimmer.engine.llm import LLM
@@ -545,6 +545,26 @@ def test_a_nan_scale_is_refused_naming_the_scale_and_its_shard(make_tiny, tmp_pa
                               "16 NaN and 0 infinite value(s) among 8192"), message
     assert (f", computed from '{MODULE}.weight_scale' (in {directory / 'model-00002-of-00002.safetensors'}), which "
             "holds 1 NaN and 0 infinite value(s) among 512; the checkpoint is damaged") in message
+
+
+@pytest.mark.parametrize("magnitude", [0.0, 1e-37, 1e-44])
+def test_an_all_zero_or_all_tiny_weight_quantizes_to_a_finite_global_scale_and_loads_as_zeros(make_tiny, tmp_path,
+                                                                                              magnitude):
+    """Its largest magnitude, 0 or below float32's smallest normal over 448 · 6, made 448 · 6 / max infinite, which
+    the loader refuses as a damaged checkpoint; compressed-tensors writes 1.0 there."""
+    weight = torch.full((64, 128), magnitude)
+    weight[::2] *= -1
+    packed, scale, global_scale = quantize_nvfp4(weight)
+    assert torch.isfinite(global_scale).all() and (global_scale > 0).all(), global_scale
+    assert torch.equal(dequantize_nvfp4(packed, scale, global_scale), torch.zeros(64, 128))
+
+    def zero_module(first, second):
+        first[f"{MODULE}.weight_packed"] = packed
+        second[f"{MODULE}.weight_scale"], second[f"{MODULE}.weight_global_scale"] = scale, global_scale
+
+    write_nvfp4(make_tiny(seed=7), tmp_path / "zero", edit=zero_module)
+    loaded = load_model(tmp_path / "zero", progress=False).model.state_dict()
+    assert torch.equal(loaded[f"{MODULE}.weight"], torch.zeros(64, 128))
 
 
 @pytest.mark.parametrize(("edit", "said"), [
