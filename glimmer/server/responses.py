@@ -97,6 +97,10 @@ def _conversation(request: ResponsesRequest, store: ResponseStore) -> _Conversat
     items = [_from_store(item, store, f"input[{i}]") for i, item in enumerate(input_items(request.input))]
     continued = 0  # items of the response continued, before the request's own input
     previous = None
+    if request.previous_response_id == "":  # malformed, not a response that is gone: OpenAI's code for it
+        raise RequestError("previous_response_id: an empty string names no response; leave the field out to start a "
+                           "conversation, or send the id of the response to continue", param="previous_response_id",
+                           code="empty_string")
     if request.previous_response_id is not None:
         previous = store.get(request.previous_response_id)
         if previous is None and store.in_progress(request.previous_response_id) is not None:

@@ -1175,6 +1175,19 @@ def test_an_unknown_previous_response_is_refused_with_openais_code(client, store
     assert f"previous response {previous!r} not found" in error["message"]
 
 
+def test_an_empty_previous_response_id_is_refused_as_malformed_not_as_not_found(client):
+    """`previous_response_id: ""` names no response at all: it was answered `previous_response_not_found`, the code
+    clients match to resend the whole conversation, where OpenAI refuses the empty string itself (`empty_string`)."""
+    for create in (lambda: _create(client, input="[greet]", previous_response_id=""),
+                   lambda: client.responses.input_tokens.count(input="[greet]", previous_response_id="")):
+        with pytest.raises(openai.BadRequestError) as refused:
+            create()
+        error = refused.value.body
+        assert (error["type"], error["code"], error["param"]) == ("invalid_request_error", "empty_string",
+                                                                  "previous_response_id")
+        assert error["message"].startswith("previous_response_id: an empty string names no response"), error
+
+
 def test_retrieving_a_stored_response_as_a_stream_is_400_not_the_json_object(client):
     """`responses.retrieve(id, stream=True)` replays a background response's events; the query was ignored (the
     answer was the JSON object, not the events asked for), and so were unknown parameters."""
