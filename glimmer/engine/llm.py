@@ -5,6 +5,7 @@ Generation of many prompts runs on the same continuous-batching engine as the se
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import dataclasses
 import functools
@@ -82,7 +83,7 @@ from glimmer.protocol import (
     resolve_reasoning_strength,
 )
 from glimmer.protocol.chat_template import REASONING_FIELDS
-from glimmer.protocol.openai_mapping import answer_characters_before
+from glimmer.protocol.openai_mapping import answer_characters_before, offset_of_answer_character
 from glimmer.protocol.tool_choice import ToolPlan, plan_tools
 from glimmer.protocol.turn_grammar import MAX_THINKING_TOKEN_BUDGET
 
@@ -269,6 +270,22 @@ def _turn_as_the_server_reads_it(text: str, reading: Mapping[str, Any], token_en
                     breaks)[1] is not None:
                 return text[:end], True
     return text, False
+
+
+def _completion_ended_at_stop(completion: CompletionOutput, token_ends: list[int], content_spans: list[tuple[int, int]],
+                              content: str | None, stop_string: str, include: bool) -> CompletionOutput:
+    """The raw `completion` (its text the turn whose tokens end at `token_ends`) ended where `stop_string` ended its
+    answer, as vLLM's generation ends at a stop string: its text before the stop string (through it if `include`),
+    its tokens through the one the stop string ends in, finish_reason "stop" and the string as stop_reason. `content`
+    is the answer as cut (`_cut_at_stop`), `content_spans` where the answer lies in the turn."""
+    start = len(content or "") - (len(stop_string) if include else 0)  # the stop string's place in the answer
+    first = offset_of_answer_character(content_spans, start + 1)
+    last = offset_of_answer_character(content_spans, start + len(stop_string))
+    assert first is not None and last is not None, "the stop string was found in the answer these spans hold"
+    tokens = bisect.bisect_left(token_ends, last) + 1
+    return replace(completion, text=completion.text[: last if include else first - 1],
+                   token_ids=completion.token_ids[:tokens], finish_reason="stop", stop_reason=stop_string,
+                   logprobs=None if completion.logprobs is None else completion.logprobs[:tokens])
 
 
 def _token_pieces(tokenizer: Tokenizer, text: str, token_ids: list[int], hidden: frozenset[int]) -> list[str]:
@@ -713,7 +730,10 @@ class LLM:
         cut short before its call was written raises ToolChoiceUnsatisfiedError (the server's 500, P-REQ-4) naming
         the choice and max_tokens to raise. The SamplingParams' `stop` strings end the answer
         only, as on the server (P-REQ-2): reasoning and tool calls may hold them; the answer is cut at the first
-        (`ChatOutput.stop_string` names it; the turn itself is generated to its end). As on the server (P-REQ-1),
+        (`ChatOutput.stop_string` names it), and so is the raw turn (`outputs[0]`), as vLLM's generation ends at a
+        stop string: its text before the stop string (through it with `include_stop_str_in_output`), its tokens
+        through the one the stop string ends in, finish_reason "stop" and the string as stop_reason (the engine
+        still generates the turn to its end, as it cannot tell answer from reasoning). As on the server (P-REQ-1),
         the turn is generated with its special tokens, which the parser reads; `skip_special_tokens` then decides
         what the parsed reply shows: None (default) or True hides every special token but the framing, False
         hides none. A max_tokens past max_model_len ends the turn there (finish_reason "length"), as in vLLM.
@@ -821,22 +841,25 @@ class LLM:
                     include_stop=turn.include_stop, armed_after=armed_after)
                 deltas, reader = _read_whole(read, reading)
                 parsed = ParsedOutput.from_deltas(deltas)
-                alone = replace(output, outputs=[completion])
                 breaks = _content_breaks(deltas) if turn.stop else []
                 content, stop_string = _cut_at_stop(parsed.content, turn.stop, turn.include_stop,
                                                     _unarmed_answer_characters(reader, armed_after), breaks)
+                context_full = len(output.prompt_token_ids) + len(completion.token_ids) >= self.engine.max_model_len
+                if stop_string is not None:  # the raw turn ends there too, as vLLM's generation ends at a stop string
+                    completion = _completion_ended_at_stop(completion, token_ends, reader.content_spans, content,
+                                                           stop_string, turn.include_stop)
                 # `parallel_tool_calls=False`: the first call, as the server returns it under any tool_choice
                 calls = list(parsed.tool_calls)[: None if parallel_tool_calls else 1]
-                choice = ChatOutput(parsed.reasoning, content, calls, alone, stop_string=stop_string,
-                                    ended_early=ended_early)
+                choice = ChatOutput(parsed.reasoning, content, calls, replace(output, outputs=[completion]),
+                                    stop_string=stop_string, ended_early=ended_early)
                 where = f"choice {completion.index}" + (f" of conversation {number}" if len(conversations) > 1 else "")
-                context_full = len(output.prompt_token_ids) + len(completion.token_ids) >= self.engine.max_model_len
                 unsatisfied = plan.unsatisfied([call.name for call in calls], choice.finish_reason, where=where,
                                                context_full_at=self.engine.max_model_len if context_full else None)
                 if unsatisfied is not None:  # P-REQ-4, as the server answers it
                     raise unsatisfied
                 choices.append(choice)
             first = choices[0]
+            output = replace(output, outputs=[choice.output.outputs[0] for choice in choices])
             chats.append(ChatOutput(first.reasoning, first.content, first.tool_calls, output, choices,
                                     first.stop_string, first.ended_early))
         return chats

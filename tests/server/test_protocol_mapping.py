@@ -536,6 +536,35 @@ def test_llm_chat_ends_the_answer_at_the_stop_string_the_server_ends_it_at_withi
     assert (reply.content, reply.stop_string) == (served["content"], "ig")
 
 
+@pytest.mark.parametrize(("key", "stop", "include", "through"), [
+    ("[stop-both]", "HALT", False, "HALT"),  # the reasoning's HALT does not end the raw turn either
+    ("[stop-both]", "HALT", True, "HALT"),
+    ("[light]", "ig", False, "light"),  # "ig" ends inside the token "ight": the turn's text ends inside it too
+    ("[light]", "ig", True, "light"),
+])
+def test_llm_chat_raw_completion_ends_where_the_stop_string_ended_the_answer(server, llm, key, stop, include, through):
+    """`outputs[0]`, what vLLM code reads of LLM.chat's reply, ran on past a stop string that ended the answer, to the
+    turn's end or max_tokens (finish_reason "length"), though `content` was cut; it now ends there as vLLM's
+    generation ends at a stop string: its text before the stop string (through it with include_stop_str_in_output),
+    its tokens through the one the stop string ends in, finish_reason "stop" and the string as stop_reason."""
+    script = SCRIPTS[key][0]
+    answer = script.rindex("<|message|>") + len("<|message|>")
+    at = script.index(stop, answer)
+    tokens = _token_count(server, script[: script.index(through, answer) + len(through)])
+    messages = [{"role": "user", "content": f"{key} What is the weather in Paris?"}]
+    free = llm.chat(messages, SamplingParams(temperature=0, max_tokens=200, logprobs=1),
+                    chat_template_kwargs=PINNED_DATE, use_tqdm=False)[0].outputs[0]
+    reply = llm.chat(messages, SamplingParams(temperature=0, max_tokens=200, stop=[stop], logprobs=1,
+                                              include_stop_str_in_output=include),
+                     chat_template_kwargs=PINNED_DATE, use_tqdm=False)[0]
+    raw = reply.outputs[0]
+    assert free.text == script and len(free.token_ids) > tokens
+    assert raw.text == script[: at + len(stop) if include else at]
+    assert (raw.token_ids, len(raw.logprobs)) == (free.token_ids[:tokens], tokens)
+    assert (raw.finish_reason, raw.stop_reason) == ("stop", stop)
+    assert (reply.stop_string, reply.finish_reason, reply.choices[0].outputs) == (stop, "stop", [raw])
+
+
 def test_special_tokens_stay_out_of_reasoning_and_answer_unless_asked_for(client):
     result = _both(client, **_request("[specials]"))
     assert (result["reasoning"], result["content"]) == ("Looking.", "Hi there!")
