@@ -412,7 +412,9 @@ VLLM_ONLY_LLM_ARGUMENTS: dict[str, VllmArgument] = {
         "(max_model_len); leave it out")),
     "enable_chunked_prefill": VllmArgument(_only(None, True), (
         "prefills are always chunked (max_num_batched_tokens tokens a step); leave it out")),
-    "disable_log_stats": VllmArgument(_only(True, False), "leave it out (the server exports its metrics at /metrics)"),
+    "disable_log_stats": VllmArgument(_only(True, False), (
+        "Glimmer logs no periodic statistics to turn off (`glimmer serve` exports its metrics at /metrics); leave it "
+        "out")),
     "disable_custom_all_reduce": VllmArgument(_only(True, False), _ONE_GPU),
     "limit_mm_per_prompt": VllmArgument(_none_or_empty, (
         "set media limits with media_limits=MediaLimits(...) (glimmer.multimodal.settings)")),

@@ -431,6 +431,9 @@ def test_run_batch_reads_stdin_and_writes_stdout(tiny_checkpoint, monkeypatch, c
     assert "wrote 2 records to stdout" in captured.err
     assert "vLLM's --output-tmp-dir /tmp changes nothing here" in captured.err
     assert "vLLM's --response-role assistant changes nothing here" in captured.err
+    # run-batch has no /metrics: the note said "the server exports its metrics at /metrics"
+    assert ("vLLM's --disable-log-stats changes nothing here: Glimmer logs no periodic statistics to turn off "
+            "(`glimmer serve` exports its metrics at /metrics); leave it out\n") in captured.err
 
 
 def _run_batch_with_a_stream_closed(tiny_checkpoint: Path, tmp_path: Path, closed: str
