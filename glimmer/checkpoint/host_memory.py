@@ -177,8 +177,12 @@ def _host_memory_short(device: torch.device | str, needed: int) -> HostMemory | 
     return memory if memory is not None and needed > memory.total_bytes else None
 
 
+# a refusal is read from the command line or from LLM(...): each fix is named in both forms
+_ON_A_GPU = '--device cuda / device="cuda"'
+
+
 def _halving_hint(dtype: torch.dtype) -> str:
-    return "; --dtype bfloat16 halves it" if dtype == torch.float32 else ""
+    return '; --dtype bfloat16 / dtype="bfloat16" halves it' if dtype == torch.float32 else ""
 
 
 def check_fits_in_host_memory(model: nn.Module, device: torch.device | str, dtype: torch.dtype, *,
@@ -196,7 +200,7 @@ def check_fits_in_host_memory(model: nn.Module, device: torch.device | str, dtyp
         raise ConfigError(
             f"the model's weights need {_size(needed)} as {name} on the CPU{why}, more than "
             f"{memory.describe()}; load a smaller model (e.g. glimmer make-tiny) or use a GPU with room for it "
-            f"(--device cuda){_halving_hint(dtype)}"
+            f"({_ON_A_GPU}){_halving_hint(dtype)}"
         )
 
 
@@ -212,7 +216,7 @@ def check_drafter_fits_in_host_memory(drafter: nn.Module, device: torch.device |
         raise ConfigError(
             f"the speculative drafter's weights need {_size(needed)} as {str(dtype).removeprefix('torch.')} on the "
             f"CPU{alongside}, more than {memory.describe()}; serve without the drafter (leave out --speculative-config"
-            f" / speculative_config=) or use a GPU with room for {room_for} (--device cuda){_halving_hint(dtype)}"
+            f" / speculative_config=) or use a GPU with room for {room_for} ({_ON_A_GPU}){_halving_hint(dtype)}"
         )
 
 

@@ -426,8 +426,9 @@ class LLMEngine:
             still = self._working_shortfall()
             if still > 0:
                 logger.warning("start-up still keeps %.2f GiB more device memory than planned beside the KV cache: "
-                               "the largest steps may run out of memory; lower --gpu-memory-utilization or give "
-                               "--kv-cache-memory", still / 2**30)
+                               "the largest steps may run out of memory; lower --gpu-memory-utilization / "
+                               "gpu_memory_utilization= or give --kv-cache-memory SIZE / kv_cache_memory=",
+                               still / 2**30)
         self.scheduler = Scheduler(self.scheduler_config, self.kv, self.speculator)
         self._chat_template: ChatTemplate | None = None
         self._chat_template_source: ChatTemplateSource | CheckpointError | None = None  # found, or why not

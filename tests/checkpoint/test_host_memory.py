@@ -79,6 +79,23 @@ def test_weights_larger_than_memory_and_swap_are_refused_before_loading(tiny_che
         load_model(tiny_checkpoint, progress=False, load_format=load_format)
 
 
+def test_the_weights_refusal_names_its_fixes_as_options_and_as_llm_arguments(tiny_checkpoint, host, tmp_path):
+    """Raised from LLM(...), the refusal named only command-line flags (--device cuda, --dtype bfloat16), which the
+    Python API has no use for; it names both forms, as the KV cache's refusals do (the drafter's too)."""
+    from glimmer import LLM
+
+    fixes = ('or use a GPU with room for it (--device cuda / device="cuda"); --dtype bfloat16 / dtype="bfloat16" '
+             'halves it')
+    host.meminfo(mem_kb=64, swap_kb=64)
+    with pytest.raises(ConfigError) as refused:
+        LLM(str(tiny_checkpoint), progress=False, device="cpu")
+    assert str(refused.value).endswith(fixes), refused.value
+    drafter_dir = write_tiny_drafter(tmp_path / "drafter", tiny_checkpoint)
+    with pytest.raises(ConfigError) as refused:
+        load_drafter(drafter_dir, load_config(tiny_checkpoint), lambda: 0, progress=False)
+    assert str(refused.value).endswith(fixes), refused.value
+
+
 def test_weights_that_fit_in_memory_plus_swap_load(tiny_checkpoint, host):
     size = host_memory.parameter_bytes(load_model(tiny_checkpoint, progress=False).model)
     host.meminfo(mem_kb=size // 2048, swap_kb=size // 1024)  # memory alone is too small, memory + swap is not
@@ -250,7 +267,7 @@ def test_a_drafter_loaded_alone_that_does_not_fit_is_refused_as_the_drafter(tiny
     host.meminfo(mem_kb=1)
     with pytest.raises(ConfigError, match=r"^the speculative drafter's weights need \d+\.\d MiB as float32 on the CPU, "
                                           r"more than this machine's .*; serve without the drafter .* or use a GPU "
-                                          r"with room for it \(--device cuda\)"):
+                                          r"with room for it \(--device cuda / device=\"cuda\"\)"):
         load_drafter(drafter_dir, load_config(tiny_checkpoint), lambda: 0, progress=False)
 
 
