@@ -38,7 +38,8 @@ MAX_STOP_STRING_CHARS = 256
 
 @dataclass(frozen=True)
 class ServerSettings:
-    """served_model_names: the names clients may put in `model` (the first is reported in responses).
+    """served_model_names: the names clients may put in `model`; a response reports the name its request gave (the
+    first where it gave none, or an empty one), as vLLM's does, and /metrics labels its series with the first.
     api_key: if set, every request to API_KEY_ROUTES needs `Authorization: Bearer <api_key>`; several keys (a
     tuple, as vLLM's --api-key takes them): any one of them.
     default_reasoning_strength: passed to the template when a request names none (P-EFF-1).
@@ -115,10 +116,6 @@ class ServerSettings:
         strength = self.default_reasoning_strength
         if strength is not None and strength not in REASONING_STRENGTHS:
             raise ConfigError(f"default_reasoning_strength={strength!r} is not one of {', '.join(REASONING_STRENGTHS)}")
-
-    @property
-    def model_name(self) -> str:
-        return self.served_model_names[0]
 
 
 UNSENDABLE_KEY = ("holds a control character, which no HTTP header can carry (RFC 9110 §5.5), so every request would "
