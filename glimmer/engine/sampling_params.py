@@ -55,6 +55,9 @@ CHAT_ALLOWED_TOKEN_IDS_REFUSAL = (
     "render (LLM.get_tokenizer().apply_chat_template), or constrain a chat answer with response_format")
 MAX_ALLOWED_TOKEN_IDS = 1 << 20
 """Most ids in `allowed_token_ids`: a bound past any vocabulary's size (the 30B's has 202,048)."""
+MAX_STOP_TOKEN_IDS = 4096
+"""Most ids in `stop_token_ids`, as many as `logit_bias` entries: each is converted on submission and every step's
+token looked up among them."""
 MAX_BAD_WORDS, MAX_BAD_WORD_CHARS = 1024, 1000
 """Most words in `bad_words`, and most characters in one (each is tokenized at submission and checked every step)."""
 _STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
@@ -341,6 +344,9 @@ class SamplingParams:
                    f"must be a non-empty list of at most {MAX_ALLOWED_TOKEN_IDS} token ids (None: every token)")
         if self.logit_bias is not None:
             _check(logit_bias_fits(self.logit_bias), "logit_bias", LOGIT_BIAS_SIZE_RULE)
+        if isinstance(self.stop_token_ids, list):
+            _check(len(self.stop_token_ids) <= MAX_STOP_TOKEN_IDS, "stop_token_ids",
+                   f"must be a list of at most {MAX_STOP_TOKEN_IDS} token ids")
         for name in _NUMBER_FIELDS:
             setattr(self, name, plain_number(getattr(self, name)))
         for name in ("stop_token_ids", "allowed_token_ids"):

@@ -17,6 +17,7 @@ from glimmer.engine.sampling_params import (
     MAX_ALLOWED_TOKEN_IDS,
     MAX_LOGIT_BIAS_ENTRIES,
     MAX_N,
+    MAX_STOP_TOKEN_IDS,
     MAX_TEMPERATURE,
 )
 from glimmer.engine.vllm_arguments import VLLM_ONLY_ARGUMENTS, VLLM_ONLY_STRUCTURED_OUTPUTS_ARGUMENTS
@@ -549,3 +550,20 @@ def test_a_logit_bias_or_allowed_token_ids_too_large_is_refused_before_any_entry
     assert _CountedList.reads == 0
     taken = SamplingParams(logit_bias=_CountedReads({5: 1.0}), allowed_token_ids=_CountedList([5]))
     assert (taken.logit_bias, taken.allowed_token_ids) == ({5: 1.0}, [5])
+
+
+def test_stop_token_ids_beyond_their_cap_are_refused_before_any_is_read():
+    """stop_token_ids had no cap: a server request of 1.9 million ids (a 4 MB body) had each converted, on the event
+    loop every other stream waits for, and was then run with them all; beyond MAX_STOP_TOKEN_IDS it is refused by its
+    size, as allowed_token_ids and logit_bias are."""
+    class Counted(_CountedList):  # its own count, whatever other tests read of theirs
+        reads = 0
+
+    refusal = _refused(lambda: SamplingParams(stop_token_ids=Counted([5] * (MAX_STOP_TOKEN_IDS + 1))),
+                       "stop_token_ids")
+    assert f"at most {MAX_STOP_TOKEN_IDS} token ids" in str(refusal)
+    assert Counted.reads == 0
+    params = SamplingParams()
+    params.stop_token_ids = (5,) * (MAX_STOP_TOKEN_IDS + 1)  # set after construction, checked on submission
+    _refused(params.validate, "stop_token_ids")
+    assert SamplingParams(stop_token_ids=list(range(MAX_STOP_TOKEN_IDS))).stop_token_ids[-1] == MAX_STOP_TOKEN_IDS - 1

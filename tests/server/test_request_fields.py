@@ -17,7 +17,7 @@ import torch
 from oracle import reference_logits, reference_model
 from server_support import PINNED_DATE, live_server, spelled_text
 
-from glimmer.engine.sampling_params import MAX_LOGIT_BIAS_ENTRIES, SamplingParams
+from glimmer.engine.sampling_params import MAX_LOGIT_BIAS_ENTRIES, MAX_STOP_TOKEN_IDS, SamplingParams
 
 PROMPT = [5, 77, 130, 42, 99, 310, 12, 8, 250, 61]
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -276,6 +276,21 @@ def test_allowed_token_ids_keep_a_completion_to_those_tokens_greedy_and_sampled(
 def test_a_bad_logit_bias_is_400(server, bias, words):
     error = chat_error(server, logit_bias=bias)
     assert error["param"] == "logit_bias" and words in error["message"]
+
+
+@pytest.mark.parametrize("route", ["/chat/completions", "/completions"])
+def test_stop_token_ids_beyond_their_cap_are_400(server, route):
+    """A 4 MB body of 1.9 million stop_token_ids was taken and processed; beyond MAX_STOP_TOKEN_IDS it is a 400
+    naming the field, as too many logit_bias entries or stop strings are."""
+    body = {"model": "tiny", "max_tokens": 2, "stop_token_ids": [5] * (MAX_STOP_TOKEN_IDS + 1),
+            **({"messages": MESSAGES} if route == "/chat/completions" else {"prompt": PROMPT})}
+    response = httpx.post(server.base_url + route, json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["type"], error["param"]) == ("invalid_request_error", "stop_token_ids")
+    assert f"at most {MAX_STOP_TOKEN_IDS} token ids" in error["message"]
+    body["stop_token_ids"] = body["stop_token_ids"][1:]
+    assert httpx.post(server.base_url + route, json=body, timeout=60).status_code == 200
 
 
 def test_text_offsets_are_where_each_token_starts_even_when_a_stop_string_held_text_back(server):
