@@ -180,7 +180,7 @@ def stream_chat_completion(url: str, payload: dict[str, Any], api_key: str | Non
     connection lost, an event that is not JSON, or an end before `data: [DONE]`."""
     body = json.dumps({**payload, "stream": True}).encode()
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream", **authorization_headers(api_key)}
-    request = urllib.request.Request(f"{server_root(url)}/v1/chat/completions", body, headers, method="POST")
+    request = urllib.request.Request(endpoint_url(url, "/v1/chat/completions"), body, headers, method="POST")
     try:
         response = urllib.request.urlopen(request, timeout=timeout_s)
     except urllib.error.HTTPError as error:
@@ -241,12 +241,14 @@ def check_server_url(url: str) -> None:
                               "http://127.0.0.1:8000")
 
 
-def server_root(url: str) -> str:
-    """The server's address without trailing slashes or a final `/v1`: OpenAI clients take the base URL with `/v1`
-    (http://127.0.0.1:8000/v1), Glimmer's examples give it without; both name the same server."""
+def endpoint_url(url: str, endpoint: str) -> str:
+    """The URL of `endpoint` (`/v1/models`) of the server at `url`, whose trailing slashes and final `/v1` are dropped:
+    OpenAI clients take the base URL with `/v1` (http://127.0.0.1:8000/v1), Glimmer's examples give it without; both
+    name the same server. Its query string (a proxy's `?api-version=...`) is kept on every request; a fragment, which
+    no request sends, is left out."""
     parts = urllib.parse.urlsplit(url)
-    path = parts.path.rstrip("/").removesuffix("/v1").rstrip("/")
-    return urllib.parse.urlunsplit(parts._replace(path=path))
+    root = parts.path.rstrip("/").removesuffix("/v1").rstrip("/")
+    return urllib.parse.urlunsplit(parts._replace(path=root + endpoint, fragment=""))
 
 
 def check_server(url: str, api_key: str | None = None, model: str | None = None, timeout_s: float = 10.0) -> int | None:
@@ -257,7 +259,7 @@ def check_server(url: str, api_key: str | None = None, model: str | None = None,
     models and `model` is not among them (the message names them)."""
     check_server_url(url)
     headers = authorization_headers(api_key)
-    models_url = f"{server_root(url)}/v1/models"
+    models_url = endpoint_url(url, "/v1/models")
     request = urllib.request.Request(models_url, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:

@@ -22,10 +22,10 @@ from glimmer.server.chat_client import (
     call_label,
     check_server,
     check_server_url,
+    endpoint_url,
     length_notice,
     parse_sse_lines,
     run_chat,
-    server_root,
 )
 from glimmer.server.settings import UNSENDABLE_KEY
 
@@ -502,17 +502,23 @@ def test_http_server_addresses_pass_the_url_check(url):
     check_server_url(url)
 
 
-@pytest.mark.parametrize(("url", "root"), [
-    ("http://127.0.0.1:8000", "http://127.0.0.1:8000"),
-    ("http://127.0.0.1:8000/", "http://127.0.0.1:8000"),
-    ("http://127.0.0.1:8000/v1", "http://127.0.0.1:8000"),
-    ("http://127.0.0.1:8000/v1//", "http://127.0.0.1:8000"),
-    ("https://glimmer.example.com/base/v1/", "https://glimmer.example.com/base"),
-    ("http://v1:8000/v1", "http://v1:8000"),  # a host named v1 stays
-    ("http://127.0.0.1:8000/v10", "http://127.0.0.1:8000/v10"),
+@pytest.mark.parametrize(("url", "models"), [
+    ("http://127.0.0.1:8000", "http://127.0.0.1:8000/v1/models"),
+    ("http://127.0.0.1:8000/", "http://127.0.0.1:8000/v1/models"),
+    ("http://127.0.0.1:8000/v1", "http://127.0.0.1:8000/v1/models"),
+    ("http://127.0.0.1:8000/v1//", "http://127.0.0.1:8000/v1/models"),
+    ("https://glimmer.example.com/base/v1/", "https://glimmer.example.com/base/v1/models"),
+    ("http://v1:8000/v1", "http://v1:8000/v1/models"),  # a host named v1 stays
+    ("http://127.0.0.1:8000/v10", "http://127.0.0.1:8000/v10/v1/models"),
+    # the query string was left before the path ("http://h:8000?x=1/v1/models", the server's root asked for), and a
+    # fragment likewise ("http://h:8000#x/v1/models", sent as "http://h:8000"): the query is kept on every request,
+    # the fragment, which no request sends, left out
+    ("http://h:8000/v1?x=1", "http://h:8000/v1/models?x=1"),
+    ("https://h/base/?api-version=2&x=a%20b", "https://h/base/v1/models?api-version=2&x=a%20b"),
+    ("http://h:8000/v1#x", "http://h:8000/v1/models"),
 ])
-def test_the_server_root_drops_trailing_slashes_and_a_final_v1(url, root):
-    assert server_root(url) == root
+def test_an_endpoint_is_the_servers_address_less_trailing_slashes_and_a_final_v1_then_its_path(url, models):
+    assert endpoint_url(url, "/v1/models") == models
 
 
 CHAT_OPTIONS = {"chat_template_kwargs": {"current_date": "2026-01-01"}}
@@ -537,7 +543,7 @@ def small_context_server(make_tiny):
         yield server
 
 
-@pytest.mark.parametrize("suffix", ["/", "/v1", "/v1/"])
+@pytest.mark.parametrize("suffix", ["/", "/v1", "/v1/", "/v1?tenant=a", "?tenant=a"])
 def test_a_base_url_with_v1_or_a_trailing_slash_reaches_the_same_server(small_context_server, suffix):
     url = small_context_server.url + suffix
     assert check_server(url, model="tiny") == 256
