@@ -160,12 +160,12 @@ def _refuse_gguf_directory(path: Path, lacking: str = "config.json") -> None:
         models = [name for name in ggufs if kinds[name] not in (MMPROJ_ARCH, DRAFTER_ARCH)]
         projectors = [name for name in ggufs if kinds[name] == MMPROJ_ARCH]
         drafters = [name for name in ggufs if kinds[name] == DRAFTER_ARCH]
-        projector = (f"with --mmproj {path / projectors[0]} for images" if projectors
-                     else "and a vision projector with --mmproj")
+        projector = (f"with {path / projectors[0]} as --mmproj (mmproj=) for images" if projectors
+                     else "and a vision projector with --mmproj (mmproj=)")
         if not models:  # the projector or drafter is no model to suggest
             holds = " and ".join(f"{kind} ({', '.join(names)})" for kind, names in (
                 ("a vision projector", projectors), ("a DFlash drafter", drafters)) if names)
-            hint = projector if projectors else "with the drafter as --speculative-config's model"
+            hint = projector if projectors else "with the drafter as --speculative-config's (speculative_config=) model"
             raise CheckpointError(f"{path} has no {lacking} and holds only {holds}, no model's GGUF file: pass the "
                                   f"model's GGUF file, {hint}")
         raise CheckpointError(

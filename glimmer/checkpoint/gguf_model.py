@@ -149,7 +149,7 @@ def read_gguf_model(path: str | Path | GGUFFile, mmproj: str | Path | None = Non
     arch = describe_gguf_kind(file)
     if arch == MMPROJ_ARCH:
         raise file.error("this is a vision projector (mmproj) file; pass the model GGUF as the model and this "
-                         "file with --mmproj")
+                         "file with --mmproj (mmproj=)")
     if arch == DRAFTER_ARCH:
         raise file.error(f"this is a DFlash drafter GGUF (architecture {DRAFTER_ARCH!r}), not a Muse Glimmer model; "
                          "pass the model GGUF")

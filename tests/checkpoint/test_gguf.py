@@ -785,6 +785,19 @@ def test_an_mmproj_stating_gelu_loads_without_a_warning(vision_ggufs, tmp_path):
     assert not [w for w in loaded.config.warnings if w.startswith(str(mmproj))]
 
 
+def test_an_mmproj_given_as_the_model_or_a_model_as_the_mmproj_names_both_forms_of_the_option(vision_ggufs):
+    """Raised from LLM(...), where there are no flags, the refusals named --mmproj alone; they name LLM's mmproj= beside
+    it, as the empty mmproj's refusal does."""
+    model, mmproj = vision_ggufs
+    with pytest.raises(CheckpointError) as as_model:
+        LLM(str(mmproj), progress=False)
+    assert str(as_model.value).endswith("this is a vision projector (mmproj) file; pass the model GGUF as the model "
+                                        "and this file with --mmproj (mmproj=)"), as_model.value
+    with pytest.raises(CheckpointError) as as_mmproj:
+        LLM(str(model), mmproj=str(model), progress=False)
+    assert "--mmproj (mmproj=) expects a vision projector GGUF" in str(as_mmproj.value), as_mmproj.value
+
+
 @pytest.mark.parametrize("mmproj", ["", "  ", Path("")], ids=["empty", "blank", "empty-path"])
 def test_an_empty_mmproj_path_is_refused_as_empty(f32_gguf, capsys, mmproj):
     """QA: mmproj="" (`mmproj=os.environ.get("MMPROJ", "")`, `--mmproj ""`) was read as the current directory, ".:
