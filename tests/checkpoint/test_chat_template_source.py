@@ -167,11 +167,14 @@ def test_origin_and_sha256_are_logged(tmp_path, caplog):
 
 
 def test_no_template_names_every_place_searched_and_the_option(tmp_path):
+    """The option is named as the command line and LLM(...) take it: raised from LLM.chat, where there are no flags,
+    the refusal named --chat-template FILE alone."""
     write_config(tmp_path)
     with pytest.raises(CheckpointError) as excinfo:
         find_chat_template(tmp_path)
     message = str(excinfo.value)
-    for expected in ("chat_template.jinja", "tokenizer_config.json", "--chat-template FILE"):
+    for expected in ("chat_template.jinja", "tokenizer_config.json",
+                     "Pass the model's template with --chat-template FILE (LLM(..., chat_template=FILE))"):
         assert expected in message
 
 
