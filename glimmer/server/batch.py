@@ -170,9 +170,15 @@ def _parse_line(raw: bytes, number: int, seen: dict[str, int]) -> BatchLine:
     line = BatchLine(number, custom_id, url, members["body"][1].encode())
     if url == "/v1/responses":  # the server checks both; a value it refuses orders nothing
         stored = body.get("store") is not False
-        line.makes = body["request_id"] if stored and isinstance(body.get("request_id"), str) else None
-        line.continues = body["previous_response_id"] if isinstance(body.get("previous_response_id"), str) else None
+        # an empty request_id is none given (the response gets an id of its own); an empty previous_response_id is
+        # refused by the server, continuing no line
+        line.makes = _nonempty_string(body.get("request_id")) if stored else None
+        line.continues = _nonempty_string(body.get("previous_response_id"))
     return line
+
+
+def _nonempty_string(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
 
 
 def _json_type(value: Any) -> str:

@@ -126,6 +126,24 @@ def test_a_responses_line_continuing_an_earlier_line_s_response_runs_after_it(ti
     assert after["code"] == "previous_response_not_found" and "line 7 failed" in after["message"]
 
 
+def test_an_empty_request_id_makes_no_response_an_empty_previous_response_id_continues(tiny_checkpoint):
+    """An empty request_id is none given (the response gets an id of its own), yet run-batch took the line as making
+    the response "", so a line with previous_response_id "" was refused as continuing a later line's response, or as
+    following a line that failed, where the server refuses the empty id itself."""
+    def responses(custom_id, **fields):
+        return _line(custom_id, "/v1/responses", {"model": "tiny", "input": "Hi", "max_output_tokens": 4, **fields})
+    text = "\n".join([responses("before", previous_response_id=""),
+                      responses("maker", request_id="", max_output_tokens=0),  # refused: max_output_tokens
+                      responses("after", previous_response_id="")])
+    with live_server(tiny_checkpoint) as live:
+        records = {record["custom_id"]: record for record in _run(live.app, text)}
+    for custom_id in ("before", "after"):
+        assert records[custom_id]["response"]["status_code"] == 400, records[custom_id]
+        record = records[custom_id]  # the server's refusal in the body; run-batch's own in `error`
+        error = record["response"]["body"]["error"] if record["response"]["body"] else record["error"]["error"]
+        assert (error["code"], error["param"]) == ("empty_string", "previous_response_id"), error
+
+
 @pytest.mark.parametrize(("line", "code", "param", "custom_id"), [
     ("not json", "invalid_json_line", None, None),
     ('["a", "list"]', "invalid_json_line", None, None),
