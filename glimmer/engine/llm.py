@@ -733,7 +733,7 @@ class LLM:
         (`ChatOutput.stop_string` names it), and so is the raw turn (`outputs[0]`), as vLLM's generation ends at a
         stop string: its text before the stop string (through it with `include_stop_str_in_output`), its tokens
         through the one the stop string ends in, finish_reason "stop" and the string as stop_reason (the engine
-        still generates the turn to its end, as it cannot tell answer from reasoning). As on the server (P-REQ-1),
+        still generates the turn to its end or max_tokens, and the rest is dropped). As on the server (P-REQ-1),
         the turn is generated with its special tokens, which the parser reads; `skip_special_tokens` then decides
         what the parsed reply shows: None (default) or True hides every special token but the framing, False
         hides none. A max_tokens past max_model_len ends the turn there (finish_reason "length"), as in vLLM.
