@@ -238,6 +238,9 @@ def media_from_part(part: Mapping[str, Any], where: str | None = None) -> tuple[
     kind = part.get("type")
     if kind not in MEDIA_KINDS:
         return None
+    if part.get("file_id") is not None:  # an input_image's uploaded file; beside an image_url it was dropped silently
+        field = f"{where}.file_id" if where else "file_id"
+        raise file_id_error(field, param=field if where else "messages")
     named_part = where or f"{'an' if kind == 'image' else 'a'} {kind} content part"
     keys = (kind, f"{kind}_url", "url", "path", f"{kind}_pil")
     given = [key for key in keys if part.get(key) is not None]
@@ -292,6 +295,14 @@ def image_detail_error(field: str, detail: Any, param: str) -> RequestError:
     """The refusal of an image part's `detail` (at `field`) that is none of OpenAI's four."""
     return RequestError(f"{field} must be one of {', '.join(map(repr, IMAGE_DETAILS))} (or left out), not {detail!r}; "
                         "Glimmer sends every image at its full size whatever it says", param=param)
+
+
+def file_id_error(field: str, param: str) -> RequestError:
+    """The refusal of an image part's `file_id` (at `field`): the Responses API's input_image names an uploaded file
+    by it, and Glimmer has no Files API to read one from."""
+    return RequestError(f"{field}: Glimmer has no Files API, so a file id names no image; send the image itself as "
+                        "image_url (a data: URL, or a local path or http(s) URL where the server allows them)",
+                        param=param)
 
 
 def empty_url_error(field: str, param: str) -> RequestError:

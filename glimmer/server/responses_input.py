@@ -46,7 +46,7 @@ from typing import Any
 
 from glimmer.engine.prompt_parts import MessageGroup
 from glimmer.errors import ContextLengthError, RequestError
-from glimmer.multimodal.sources import IMAGE_DETAILS, empty_url_error, image_detail_error
+from glimmer.multimodal.sources import IMAGE_DETAILS, empty_url_error, file_id_error, image_detail_error
 from glimmer.protocol.request_normalization import refusal_part_text, tool_results_in_call_order
 from glimmer.server.chat_prompt import MediaLimitError
 from glimmer.server.schemas import RESPONSES_NAMES_OF_CHAT_FIELDS
@@ -540,10 +540,12 @@ def _parts(content: list[Any], field: str) -> list[dict[str, Any]]:
     for j, part in enumerate(content):
         param = f"{field}[{j}]"
         if isinstance(part, dict) and part.get("type") == "input_image":
+            if part.get("file_id") is not None:  # beside an image_url, it was dropped without a word
+                raise file_id_error(f"{param}.file_id", param=f"{param}.file_id")
             url = part.get("image_url")
             if not isinstance(url, str):
                 raise RequestError(f"{param}: an input_image needs `image_url` as a string (a data: or https: URL); "
-                                   "file ids and other forms are not supported", param=param)
+                                   "other forms are not supported", param=param)
             if not url.strip():  # as chat's empty url; its path here has no `.url`
                 raise empty_url_error(f"{param}.image_url", param=f"{param}.image_url")
             detail = part.get("detail")

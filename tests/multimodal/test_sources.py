@@ -275,6 +275,21 @@ def test_a_media_part_without_its_path_names_it_with_its_article(kind, named):
     assert str(missing.value) == f"{named} has no {kind}, {kind}_url.url or url field"
 
 
+
+def test_an_input_image_file_id_is_refused_naming_it_even_beside_its_image_url():
+    """vLLM's chat takes the Responses API's input_image parts, whose file_id names an uploaded file; Glimmer has no
+    Files API, and beside an image_url the file id was dropped without a word."""
+    messages = [{"role": "user", "content": [{"type": "input_image", "image_url": "/tmp/cat.png", "file_id": "f-1"}]}]
+    with pytest.raises(RequestError) as refused:
+        collect_media(messages)
+    assert str(refused.value).startswith("messages[0].content[0].file_id: Glimmer has no Files API, so a file id "
+                                         "names no image; send the image itself as image_url")
+    assert refused.value.param == "messages[0].content[0].file_id"
+    with pytest.raises(RequestError, match=r"^file_id: Glimmer has no Files API") as unnamed:
+        media_from_part({"type": "image", "file_id": "f-1"})
+    assert unnamed.value.param == "messages"
+    assert media_from_part({"type": "image", "image_url": "/tmp/cat.png", "file_id": None}) == ("image", "/tmp/cat.png")
+
 def test_an_image_url_without_its_url_names_the_missing_field():
     """Audit: `{"image_url": {}}` used to fail later as "unsupported image input of type NoneType"."""
     messages = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image", "image_url": {}}]}]

@@ -1600,6 +1600,20 @@ def test_an_input_image_detail_openai_does_not_know_is_refused_naming_it():
     assert refused.value.param == "input[0].content[1].detail"
 
 
+
+@pytest.mark.parametrize("part", [{"type": "input_image", "file_id": "file-abc"}, {**IMAGE, "file_id": "file-abc"},
+                                  {**IMAGE, "file_id": "file-abc", "detail": "low"}])
+def test_an_input_image_file_id_is_refused_naming_it_even_beside_its_image_url(part):
+    """Glimmer has no Files API. Beside an image_url the file id was dropped without a word, the image_url's image
+    read in its place (the client may have meant the file)."""
+    with pytest.raises(RequestError) as refused:
+        chat_messages([{"role": "user", "content": [{"type": "input_text", "text": "[greet]"}, part]}], None)
+    assert str(refused.value) == ("input[0].content[1].file_id: Glimmer has no Files API, so a file id names no "
+                                  "image; send the image itself as image_url (a data: URL, or a local path or "
+                                  "http(s) URL where the server allows them)")
+    assert refused.value.param == "input[0].content[1].file_id"
+    chat_messages([{"role": "user", "content": [{**IMAGE, "file_id": None}]}], None)  # the SDK's null: no file
+
 @pytest.mark.parametrize(("item", "param"), [
     ({"type": "reasoning", "content": 2**64}, "input[0].content"),
     ({"type": "reasoning", "content": "thinking"}, "input[0].content"),
