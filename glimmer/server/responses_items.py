@@ -5,7 +5,8 @@ outputs, oldest first) followed by its own `input`, as OpenAI lists them; `instr
 object carries them). Each item gets an id when its response is stored (`with_item_ids`), so the same item keeps
 its id in the lists of every response that continues it and a page's last id can be the next page's `after`.
 Items are listed in OpenAI's shape (`listed_item`): a string content becomes one `input_text` part (an
-assistant's one `output_text` part), and items sent without a `status` are `completed`.
+assistant's one `output_text` part), an `input_image` sent without a `detail` has OpenAI's default, `auto`, and items
+sent without a `status` are `completed`.
 
 Pagination as OpenAI's list endpoints: `order` (`desc`, newest first, by default; or `asc`), `limit` (1 to 100,
 20 by default), `after` (the items after that id in `order`) and `before` (the items before it: the page nearest
@@ -44,11 +45,22 @@ def listed_item(item: dict[str, Any]) -> dict[str, Any]:
         assistant = item.get("role") == "assistant"
         listed["content"] = [{"type": "output_text", "text": text, "annotations": []} if assistant
                              else {"type": "input_text", "text": text}]
+    for field in ("content", "output"):  # a message's parts, a function_call_output's
+        if isinstance(listed.get(field), list):
+            listed[field] = [_listed_part(part) for part in listed[field]]
     if kind == "reasoning" and listed.get("summary") is None:
         listed["summary"] = []
     if listed.get("status") is None:
         listed["status"] = "completed"
     return listed
+
+
+def _listed_part(part: Any) -> Any:
+    """A content part in the shape OpenAI lists it: an input_image with its `detail`, `auto` (OpenAI's default) where
+    none was sent, which the SDK's ResponseInputImage requires (without it the SDK read the part as another type)."""
+    if isinstance(part, dict) and part.get("type") == "input_image" and part.get("detail") is None:
+        return {**part, "detail": "auto"}
+    return part
 
 
 def input_items_page(items: Sequence[dict[str, Any]], query: Mapping[str, str | list[str]]) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import openai
 import pytest
+from openai.types.responses import ResponseInputImage, ResponseInputImageContent
 from PIL import Image
 from server_support import PINNED_DATE, live_server
 
@@ -262,6 +263,26 @@ def test_an_image_in_a_responses_function_call_output_is_seen_as_in_a_chat_tool_
         client.responses.create(model="tiny", max_output_tokens=16, input=broken, extra_body=EXTRA)
     assert err.value.body["param"] == "input[2].output[1]"
     assert err.value.body["message"].startswith("input[2].output[1] (image 0): ")
+
+
+def test_listed_input_images_have_the_detail_openai_lists_so_the_sdk_reads_them_as_images(client):
+    """OpenAI lists every input_image with its `detail` (`auto` where none was sent), which the SDK's
+    ResponseInputImage requires: an image sent without one was listed without, and the SDK read the part as a
+    ResponseOutputText (`.detail` an AttributeError), a function_call_output's as a bare dict."""
+    url = _data_url(_png(12))
+    listed = client.responses.input_items.list(client.responses.create(
+        model="tiny", max_output_tokens=2, extra_body=EXTRA,
+        input=[{"role": "user", "content": [{"type": "input_image", "image_url": url}]}]).id).data
+    assert isinstance(listed[0].content[0], ResponseInputImage), type(listed[0].content[0])
+    assert listed[0].content[0].detail == "auto"
+    response = client.responses.create(model="tiny", max_output_tokens=2, extra_body=EXTRA, input=[
+        {"role": "user", "content": [{"type": "input_image", "image_url": url, "detail": "low"}]},
+        {"type": "function_call", "call_id": "c1", "name": "snap", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": [{"type": "input_image", "image_url": url}]}])
+    user, _, output = client.responses.input_items.list(response.id, order="asc").data
+    for part, detail in ((user.content[0], "low"), (output.output[0], "auto")):
+        assert isinstance(part, ResponseInputImage | ResponseInputImageContent), type(part)
+        assert (part.type, part.image_url, part.detail) == ("input_image", url, detail)
 
 
 def test_images_past_the_context_are_a_400_with_the_context_length_code(checkpoint):
