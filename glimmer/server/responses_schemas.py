@@ -9,8 +9,9 @@ cannot honour are refused unless unset (or `background: false`): `background`, `
 `prompt`, `context_management`, `truncation: "auto"`, `text.verbosity` but "medium" (OpenAI's
 default, taken and echoed), tools other than functions. `include` may name
 `message.output_text.logprobs` (the answer's token logprobs, with `top_logprobs` alternatives each, as chat's
-`logprobs` and `top_logprobs`) and `reasoning.encrypted_content` (reasoning items carry their text in `content`,
-which round-trips through `input`, and in `encrypted_content` too, encoded, for clients that replay only that).
+`logprobs` and `top_logprobs`), `reasoning.encrypted_content` (reasoning items carry their text in `content`,
+which round-trips through `input`, and in `encrypted_content` too, encoded, for clients that replay only that) and
+`message.input_image.image_url` (the input images' URLs, which input_items always lists).
 """
 
 from __future__ import annotations
@@ -158,7 +159,9 @@ _REFUSED = {
 }
 OUTPUT_TEXT_LOGPROBS = "message.output_text.logprobs"
 ENCRYPTED_REASONING = "reasoning.encrypted_content"
-INCLUDABLE = (OUTPUT_TEXT_LOGPROBS, ENCRYPTED_REASONING)
+# the input images' URLs, which input_items always lists as sent: asking for them changes nothing
+INPUT_IMAGE_URLS = "message.input_image.image_url"
+INCLUDABLE = (OUTPUT_TEXT_LOGPROBS, ENCRYPTED_REASONING, INPUT_IMAGE_URLS)
 
 
 def check_supported(request: ResponsesRequest) -> None:

@@ -285,6 +285,18 @@ def test_listed_input_images_have_the_detail_openai_lists_so_the_sdk_reads_them_
         assert (part.type, part.image_url, part.detail) == ("input_image", url, detail)
 
 
+def test_including_the_input_image_urls_as_openai_asks_lists_them(client):
+    """OpenAI's `include: ["message.input_image.image_url"]` asks for the input images' URLs, which input_items lists
+    (Glimmer always lists them as sent); create, retrieve and input_items refused it as "not supported"."""
+    url = _data_url(_png(13))
+    include = ["message.input_image.image_url"]
+    response = client.responses.create(model="tiny", max_output_tokens=2, extra_body=EXTRA, include=include, input=[
+        {"role": "user", "content": [{"type": "input_image", "image_url": url}]}])
+    assert client.responses.retrieve(response.id, include=include).id == response.id
+    listed = client.responses.input_items.list(response.id, include=include).data
+    assert listed[0].content[0].image_url == url
+
+
 def test_images_past_the_context_are_a_400_with_the_context_length_code(checkpoint):
     """Images alone past max_model_len were a 400 with code null, "more than the limit of 120", telling the client
     to lower max_image_tokens (no request field); a shorter prompt of one image was context_length_exceeded. Each
