@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, wait
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from anyio import CapacityLimiter
@@ -49,6 +49,7 @@ from glimmer.multimodal.sources import (
     media_part_paths,
     media_parts,
     naming_media_parts,
+    url_scheme,
 )
 from glimmer.protocol import (
     ChatTemplate,
@@ -73,6 +74,9 @@ class ChatPrompt:
     continue_recipient: str | None = None  # continue_final_message: the channel the prompt ends inside (P-TMPL-8)
     continue_prefix: str = ""  # and that message's body in the prompt, which a tool channel's parse starts from
     rendering: ChatRendering | None = None  # how it was rendered, to measure its parts (`prompt_parts`)
+    # the bytes each image or video part named by a path or URL (not a data: URL) was read as, by the part's path
+    # (`messages[i].content[j]`): what a stored response keeps of it, the file or URL being free to change
+    media_read: dict[str, bytes] = field(default_factory=dict)
 
 
 def build_chat_prompt(request: ChatCompletionRequest, context: ServingContext,
@@ -133,7 +137,7 @@ def _built_chat_prompt(request: ChatCompletionRequest, context: ServingContext, 
     except PromptTextTooLongError as error:
         raise error.naming(prompt_text_parts(request.messages, rendering, tokenizer, groups=groups)) from None
     with naming_media_parts(request.messages):  # an item's error names its content part
-        images, videos = load_media(request.messages, context, cancel)
+        images, videos, media_read = load_media(request.messages, context, cancel)
         # as LLM.chat's: a bos only the post-processor names (prompt_start_token) is added there too
         token_ids, multimodal = engine.prepare_prompt(rendered.text, images, videos, literals=rendered.literals,
                                                       cancel=cancel, truncated=truncated)
@@ -141,7 +145,8 @@ def _built_chat_prompt(request: ChatCompletionRequest, context: ServingContext, 
     return ChatPrompt(token_ids, tools, turn_controller_factory(request, tools, context, structured, param),
                       multimodal, constrained_answer=structured is not None,
                       continue_recipient=final.recipient if final is not None else None,
-                      continue_prefix=final.body if final is not None else "", rendering=rendering)
+                      continue_prefix=final.body if final is not None else "", rendering=rendering,
+                      media_read=media_read)
 
 
 def _continues_final_message(request: ChatCompletionRequest, prefix: int | None) -> bool:
@@ -270,9 +275,10 @@ class MediaLimitError(RequestError):
 
 
 def load_media(messages: list[Mapping[str, Any]], context: ServingContext,
-               cancel: CancelToken | None = None) -> tuple[list[Any], list[Any]]:
+               cancel: CancelToken | None = None) -> tuple[list[Any], list[Any], dict[str, bytes]]:
     """The images and videos of the messages (as the client sent them, so that an error names the client's part),
-    in the order the template renders their placeholders.
+    in the order the template renders their placeholders, and the bytes read for each part naming a path or URL other
+    than a data: URL, by its path (`ChatPrompt.media_read`).
 
     Raises RequestError naming the part: on a model without a vision tower, over the per-request limits,
     or when a reference cannot be loaded under the operator's media policy. Every part is checked before any is
@@ -280,6 +286,7 @@ def load_media(messages: list[Mapping[str, Any]], context: ServingContext,
     """
     settings = context.settings
     references: list[tuple[Any, str, int]] = []  # load_media_reference's first arguments: the item's index by kind
+    params: list[str] = []  # the part of each reference
     counted: dict[str, list[str]] = {"image": [], "video": []}  # the parts of each kind taken so far
     limits = {"image": settings.max_images_per_request, "video": settings.max_videos_per_request}
     for kind, param, part in media_parts(messages):
@@ -296,11 +303,16 @@ def load_media(messages: list[Mapping[str, Any]], context: ServingContext,
                                   f"--max-{kind}s-per-request, or --limit-mm-per-prompt)", param=param, kind=kind,
                                   counted=tuple(counted[kind]))
         references.append((reference, kind, len(counted[kind])))
+        params.append(param)
         counted[kind].append(param)
     found: dict[str, list[Any]] = {"image": [], "video": []}
-    for (_, kind, _), item in zip(references, _loaded(references, context, cancel), strict=True):
+    read: dict[str, bytes] = {}
+    for (reference, kind, _), param, item in zip(references, params, _loaded(references, context, cancel),
+                                                strict=True):
         found[kind].append(item)
-    return found["image"], found["video"]
+        if isinstance(reference, str) and url_scheme(reference) != "data":  # bytes, read from a file or a URL
+            read[param] = item
+    return found["image"], found["video"], read
 
 
 def _loaded(references: list[tuple[Any, str, int]], context: ServingContext,

@@ -6,7 +6,9 @@ item once, so its stored size grows with its length, not with its square. The st
 as JSON: each response object, and each segment once, however many responses continue it) and forgets each response
 after `max_age_s`; the oldest go first. A segment stays while a stored response holds it, as its own or down its
 chain: forgetting a response forgets its items only once no stored response continues it, so a response that is kept
-always has its whole conversation, and what the store holds is what it counts. A server restart forgets everything.
+always has its whole conversation, and what the store holds is what it counts. An image a client named by a path or
+URL is kept, beside the item as sent, as the data it was read as (`rendered`): the later turns render the image the
+model saw, whatever the file or URL holds by then. A server restart forgets everything.
 
 A response is stored when it ends; while it is generated the store knows it as in progress (`generating`), so that
 the routes naming it can tell a response not yet finished from one that does not exist.
@@ -36,6 +38,11 @@ class _Segment:
     previous: _Segment | None
     size_bytes: int
     holders: int = 0  # the stored response it is the segment of, and the kept segments continuing it
+    rendered: list[dict[str, Any]] | None = None  # `items` as later turns render them, where that differs
+
+    @property
+    def rendered_items(self) -> list[dict[str, Any]]:
+        return self.items if self.rendered is None else self.rendered
 
 
 @dataclass(frozen=True)
@@ -48,10 +55,19 @@ class StoredResponse:
     @property
     def items(self) -> list[dict[str, Any]]:
         """The conversation the response ends: the items of the responses it continues, its input, its output."""
+        return self._chain(rendered=False)
+
+    @property
+    def rendered_items(self) -> list[dict[str, Any]]:
+        """`items` as a response continuing this one renders them: an image its client named by a path or URL is the
+        data it was read as when sent (`ResponseStore.put`'s `rendered`), whatever that file or URL holds now."""
+        return self._chain(rendered=True)
+
+    def _chain(self, rendered: bool) -> list[dict[str, Any]]:
         segments = []
         segment: _Segment | None = self.segment
         while segment is not None:
-            segments.append(segment.items)
+            segments.append(segment.rendered_items if rendered else segment.items)
             segment = segment.previous
         return [item for items in reversed(segments) for item in items]
 
@@ -79,12 +95,15 @@ class ResponseStore:
         return self._size_bytes
 
     def put(self, response_id: str, items: list[dict[str, Any]], response: dict[str, Any],
-            previous: StoredResponse | None = None) -> None:
+            previous: StoredResponse | None = None, rendered: list[dict[str, Any]] | None = None) -> None:
         """Keep a response that added `items` (its own input items, then its output items) to the conversation of
         `previous`, the response it continues as it was read (held on even if forgotten since), in place of one
-        stored under its id (a client's `request_id` named both). One larger than the whole store is not kept, nor
-        one whose conversation is: the oldest responses go first, it too once no other is left."""
-        segment = _Segment(items, previous.segment if previous is not None else None, _json_bytes(items))
+        stored under its id (a client's `request_id` named both). `rendered`: `items` as the responses continuing it
+        render them, where they differ (counted too, the items that differ). One larger than the whole store is not
+        kept, nor one whose conversation is: the oldest responses go first, it too once no other is left."""
+        segment_bytes = _json_bytes(items) + sum(_json_bytes(own) for own, sent in zip(rendered or (), items,
+                                                                                      strict=False) if own is not sent)
+        segment = _Segment(items, previous.segment if previous is not None else None, segment_bytes, rendered=rendered)
         size = _json_bytes(response)
         with self._lock:
             replaced = self._entries.pop(response_id, None)

@@ -45,6 +45,7 @@ from glimmer.server.responses_input import (
     input_items,
     responses_error,
     sealed_reasoning,
+    with_media_read,
     with_sealed_reasoning,
 )
 from glimmer.server.responses_items import input_items_page, with_item_ids
@@ -116,7 +117,7 @@ def _conversation(request: ResponsesRequest, store: ResponseStore) -> _Conversat
             raise RequestError(f"previous_response_id: the response {request.previous_response_id!r} failed "
                                f"({previous.response['error']['message']}); continue the response before it, or "
                                "send the conversation as input", param="previous_response_id")
-        items, continued = previous.items + items, len(previous.items)
+        items, continued = previous.rendered_items + items, len(previous.items)
     fields: dict[str, Any] = {name: getattr(request, name) for name in _PASSED_THROUGH
                               if getattr(request, name) is not None}
     sources: list[MessageSource] = []
@@ -458,7 +459,9 @@ class _ResponseRun:
         if self.request.store is not False:  # input items get their ids here, which they keep down the chain
             conversation = self.conversation
             own = with_item_ids(conversation.items[conversation.continued:])
-            self.store.put(self.id, own + response["output"], response, conversation.previous)
+            rendered = with_media_read(own, conversation.sources, self.chat.prompt.media_read)
+            self.store.put(self.id, own + response["output"], response, conversation.previous,
+                           rendered=None if rendered is None else rendered + response["output"])
 
     def event(self, payload: dict[str, Any]) -> str:
         payload = {**payload, "sequence_number": self.sequence_number}

@@ -100,6 +100,29 @@ def responses_error(error: RequestError, sources: list[MessageSource]) -> Reques
     return error.with_message(message, renamed)
 
 
+_MEDIA_PART = re.compile(r"messages\[(\d+)\]\.content\[(\d+)\]$")
+_OWN_ITEM = re.compile(r"input\[(\d+)\]$")
+
+
+def with_media_read(items: list[dict[str, Any]], sources: list[MessageSource],
+                    media_read: dict[str, bytes]) -> list[dict[str, Any]] | None:
+    """The request's own input `items` with each image its client named by a path or URL in place as the data it was
+    read as (`media_read`: the bytes by the chat part, `ChatPrompt.media_read`), what the responses continuing it
+    render: the file or URL may hold another image by then (an agent's screenshot.png, overwritten each step), or
+    none. OpenAI keeps an input image so. The items that change are copies; None where none does."""
+    pinned = list(items)
+    for param, data in media_read.items():
+        part = _MEDIA_PART.match(param)
+        own = _OWN_ITEM.match(sources[int(part[1])].path) if part is not None else None
+        if own is None:  # an image of the chain is its data already
+            continue
+        source, k, j = sources[int(part[1])], int(own[1]), int(part[2])
+        parts = list(pinned[k][source.content])
+        parts[j] = {**parts[j], "image_url": "data:application/octet-stream;base64," + base64.b64encode(data).decode()}
+        pinned[k] = {**pinned[k], source.content: parts}
+    return pinned if any(own is not sent for own, sent in zip(pinned, items, strict=True)) else None
+
+
 def continued_messages(sources: list[MessageSource]) -> dict[str, MessageGroup]:
     """The chat messages (by index) of the responses previous_response_id continues, as a part a refusal of a prompt
     too long measures apart (`prompt_parts`' groups) with how to leave it: a short input after a long conversation

@@ -265,6 +265,29 @@ def test_an_image_in_a_responses_function_call_output_is_seen_as_in_a_chat_tool_
     assert err.value.body["message"].startswith("input[2].output[1] (image 0): ")
 
 
+def test_an_image_of_the_conversation_continued_is_the_one_read_when_it_was_sent(client, media_dir):
+    """A stored response kept its images' paths and URLs, read again on every turn: a file overwritten since (an
+    agent's screenshot.png, each step) put the new image in the earlier turn too, a conversation other than the one
+    the model answered, and one removed since refused the continuation. A stored response keeps the bytes its images
+    were read as, as OpenAI keeps an input image; input_items still lists them as sent."""
+    photo = media_dir / "shot.png"
+    sent = _png(14)  # 8 tokens; the image written over it takes 56
+    photo.write_bytes(sent)
+    look = [{"type": "input_text", "text": "Look."}, {"type": "input_image", "image_url": str(photo)}]
+    greedy = dict(model="tiny", max_output_tokens=3, temperature=0, extra_body=EXTRA)
+    first = client.responses.create(**greedy, input=[{"role": "user", "content": look}])
+    photo.write_bytes(_png(15, size=(300, 200)))
+    second = client.responses.create(**greedy, previous_response_id=first.id, input="And now?")
+    inline = [{"role": "user", "content": [look[0], {**look[1], "image_url": _data_url(sent)}]},
+              *(item.model_dump(exclude_none=True) for item in first.output), {"role": "user", "content": "And now?"}]
+    alone = client.responses.create(**greedy, store=False, input=inline)
+    assert second.usage.input_tokens == alone.usage.input_tokens
+    assert second.output_text == alone.output_text
+    photo.unlink()
+    assert client.responses.create(**greedy, previous_response_id=second.id, input="Still?").status != "failed"
+    assert client.responses.input_items.list(second.id, order="asc").data[0].content[1].image_url == str(photo)
+
+
 def test_listed_input_images_have_the_detail_openai_lists_so_the_sdk_reads_them_as_images(client):
     """OpenAI lists every input_image with its `detail` (`auto` where none was sent), which the SDK's
     ResponseInputImage requires: an image sent without one was listed without, and the SDK read the part as a

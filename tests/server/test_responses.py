@@ -24,7 +24,13 @@ from glimmer.errors import RequestError
 from glimmer.server import responses_schemas
 from glimmer.server.response_store import ResponseStore
 from glimmer.server.responses import OutputBuilder
-from glimmer.server.responses_input import chat_messages, responses_error, sealed_reasoning
+from glimmer.server.responses_input import (
+    MessageSource,
+    chat_messages,
+    responses_error,
+    sealed_reasoning,
+    with_media_read,
+)
 
 WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "Current weather in a city.",
                 "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
@@ -1717,6 +1723,41 @@ def test_a_response_continuing_one_forgotten_meanwhile_keeps_and_counts_its_conv
     assert store.get("a") is None and store.size_bytes == read.segment.size_bytes + kept.size_bytes + \
         kept.segment.size_bytes
     assert store.delete("b") and store.size_bytes == 0
+
+
+def test_a_continuation_renders_the_images_a_response_read_and_lists_them_as_sent():
+    """An image named by a path or URL is kept as the data it was read as (`rendered`), which the responses continuing
+    its response render and the store counts, the items that differ beside those sent; input_items lists them as
+    sent."""
+    store = ResponseStore(max_bytes=10_000, max_age_s=10)
+    sent = [{"id": "msg_1", "role": "user", "content": [{"type": "input_image", "image_url": "/shots/now.png"}]},
+            {"id": "msg_2", "role": "assistant", "content": "a cat"}]
+    read = [{**sent[0], "content": [{"type": "input_image", "image_url": "data:application/octet-stream;base64,AA=="}]},
+            sent[1]]
+    store.put("a", sent, {"id": "a", "output": [sent[1]]}, rendered=read)
+    kept = store.get("a")
+    assert kept.rendered_items == read and kept.items == sent and kept.input_items == sent[:1]
+    assert kept.segment.size_bytes == len(json.dumps(sent)) + len(json.dumps(read[0]))
+    store.put("b", [{"id": "msg_3", "role": "user", "content": "and?"}], {"id": "b", "output": []}, kept)
+    assert store.get("b").rendered_items == [*read, {"id": "msg_3", "role": "user", "content": "and?"}]
+
+
+def test_an_image_read_from_a_path_is_kept_in_the_item_as_the_data_read():
+    """with_media_read puts the bytes each part was read as (by its chat part) in the request's own items: a user
+    message's content, a function_call_output's output (the chain's images are their data already)."""
+    items = [{"role": "user", "content": [{"type": "input_text", "text": "[greet]"},
+                                          {"type": "input_image", "image_url": "/shots/a.png", "detail": "low"}]},
+             {"type": "function_call", "call_id": "c1", "name": "snap", "arguments": "{}"},
+             {"type": "function_call_output", "call_id": "c1", "output": [{**IMAGE, "image_url": "/shots/b.png"}]}]
+    sources: list[MessageSource] = []
+    chat_messages(items, "Be brief.", sources)
+    pinned = with_media_read(items, sources, {"messages[1].content[1]": b"\x89PNG", "messages[3].content[0]": b"GIF8"})
+    assert pinned[0]["content"] == [items[0]["content"][0], {"type": "input_image", "detail": "low",
+                                    "image_url": "data:application/octet-stream;base64,iVBORw=="}]
+    assert pinned[1] is items[1] and pinned[2]["output"] == [{**IMAGE, "image_url":
+                                                              "data:application/octet-stream;base64,R0lGOA=="}]
+    assert items[0]["content"][1]["image_url"] == "/shots/a.png"  # the request's own items stay as sent
+    assert with_media_read(items, sources, {}) is None
 
 
 def test_an_expired_response_lends_no_reasoning_item_by_its_id():
