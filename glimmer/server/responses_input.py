@@ -46,6 +46,7 @@ from typing import Any
 
 from glimmer.engine.prompt_parts import MessageGroup
 from glimmer.errors import ContextLengthError, RequestError
+from glimmer.multimodal.errors import MediaContextLengthError
 from glimmer.multimodal.sources import IMAGE_DETAILS, empty_url_error, file_id_error, image_detail_error
 from glimmer.protocol.request_normalization import refusal_part_text, tool_results_in_call_order
 from glimmer.server.chat_prompt import MediaLimitError
@@ -74,6 +75,7 @@ class MessageSource:
     path: str
     tool_calls: list[str] = field(default_factory=list)
     content: str = "content"  # the item's field that became the message's content (a function_call_output's output)
+    images: int = 0  # the image parts of that content
 
 
 _MESSAGE_PARAM = re.compile(r"messages\[(\d+)\](?:\.tool_calls\[(\d+)\](?:\.function)?)?")
@@ -89,6 +91,8 @@ def responses_error(error: RequestError, sources: list[MessageSource]) -> Reques
                               for part in error.parts])
     if isinstance(error, MediaLimitError):
         error = _counting_the_chain(error, sources)
+    if isinstance(error, MediaContextLengthError):
+        error = _images_of_the_chain(error, sources)
     param = error.param
     if param is None:
         return error
@@ -142,6 +146,18 @@ def _counting_the_chain(error: MediaLimitError, sources: list[MessageSource]) ->
     return error.with_message(f"{error}; {chained} of the {error.kind}s counted are in the responses "
                               "previous_response_id continues, which the prompt holds too: send fewer, or start a "
                               f"new conversation without the {error.kind}s no longer needed", error.param)
+
+
+def _images_of_the_chain(error: MediaContextLengthError, sources: list[MessageSource]) -> RequestError:
+    """`error` (the images past the context) saying how many of them are in the responses previous_response_id
+    continues, where any are, and how to leave that conversation: "send fewer images" could not help where the input
+    holds fewer than they."""
+    chained = sum(source.images for source in sources if source.path == _CHAIN)
+    if not chained:
+        return error
+    return error.with_message(f"{error}; {chained} of its {sum(source.images for source in sources)} images are in the "
+                              "responses previous_response_id continues, which the prompt holds too: "
+                              f"{continued_messages(sources)[_CHAIN].fix}", error.param)
 
 
 def _responses_field(param: str, sources: list[MessageSource]) -> str | None:
@@ -266,7 +282,7 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
             _check_phase(item, role, where)
             content = _content(item.get("content"), where)
             messages.append({"role": role, "content": content})
-            origins.append(MessageSource(where))
+            origins.append(MessageSource(where, images=_images_in(content)))
             echo.read_message(role, content, where)
         elif kind == "function_call_output":
             flush()
@@ -301,7 +317,7 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
             messages.append({"role": "tool", "tool_call_id": call_id,
                              "content": _parts(output, f"{where}.output") if has_image
                              else _text_of(output, f"{where}.output", "text and input_image parts")})
-            origins.append(MessageSource(where, content="output"))
+            origins.append(MessageSource(where, content="output", images=_images_in(messages[-1]["content"])))
             echo.read_new(where)
         else:
             raise RequestError(f"{where}.type: input items of type {kind!r} are not supported (message, reasoning, "
@@ -373,6 +389,11 @@ class _ChainEcho:
         """Reads an item of the input that the chain cannot hold (a call or an output its call_id makes new)."""
         if where != _CHAIN:
             self.repeating = False
+
+
+def _images_in(content: str | list[dict[str, Any]]) -> int:
+    """The image parts of a message's chat content."""
+    return 0 if isinstance(content, str) else sum(part["type"] == "image_url" for part in content)
 
 
 def _said(content: str | list[dict[str, Any]]) -> str:

@@ -389,6 +389,29 @@ def test_images_of_the_conversation_previous_response_id_continues_count_as_that
     assert re.search(rf"\binput {alone}\b", error["message"]), (alone, error)
 
 
+def test_images_past_the_context_with_those_of_the_conversation_continued_say_how_many_are_its(checkpoint):
+    """The images of a request and of the conversation previous_response_id continues, together past the context, were
+    refused "send fewer or smaller images or videos", naming `input`, which may hold fewer than the images the prompt
+    holds: the 400 says how many of them are that conversation's, and how to leave it."""
+    import httpx
+
+    image = {"type": "input_image", "image_url": _data_url(_png(1, (300, 200)))}  # 56 tokens each
+    with live_server(checkpoint, engine_options={"max_model_len": 400}) as live:
+        first = httpx.post(live.base_url + "/responses", timeout=60, json={
+            "model": "tiny", "max_output_tokens": 2, **EXTRA, "input": [{"role": "user", "content": [image] * 4}]})
+        assert first.status_code == 200, first.text
+        response = httpx.post(live.base_url + "/responses", timeout=60, json={
+            "model": "tiny", "max_output_tokens": 2, "previous_response_id": first.json()["id"],
+            "input": [{"role": "user", "content": [image] * 4}]})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"] == {
+        "message": "This model's maximum context length is 400 tokens (max_model_len), but the images and videos "
+                   "need 448 tokens together; send fewer or smaller images or videos; 4 of its 8 images are in the "
+                   "responses previous_response_id continues, which the prompt holds too: continue an earlier "
+                   "response, or send a shorter conversation as input without previous_response_id",
+        "type": "invalid_request_error", "param": "input", "code": "context_length_exceeded"}
+
+
 @contextlib.contextmanager
 def _image_host(answer):
     """The base URL of a local http image host: `answer(path)` gives a GET's body (None: 404), a thread a request."""
