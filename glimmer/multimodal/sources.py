@@ -126,7 +126,16 @@ def _decode_data_url(url: str, kind: str, index: int, policy: MediaFetchPolicy) 
     return data
 
 
+_EXAMPLE_MIME = {"image": "image/png", "video": "video/mp4"}
+
+
 def _read_local(path_text: str, kind: str, index: int, policy: MediaFetchPolicy) -> bytes:
+    payload = path_text.rpartition(",")[2]  # after a header without its `data:` (`image/png;base64,`, `data;...`)
+    if len(payload) <= policy.max_bytes * 4 // 3 + 4 and _is_base64_of_media(payload, kind):
+        # no file's name: read as a path, it was "local files are not allowed; allow a directory ..."
+        raise _error(kind, index, f"this is base64 of {'an' if kind == 'image' else 'a'} {kind}, not a path or a URL: "
+                                  f"send it as a data: URL, data:{_EXAMPLE_MIME[kind]};base64,<data> (with the "
+                                  f"{kind}'s own MIME type)")
     if not policy.allowed_local_paths:
         raise _error(kind, index, "local files are not allowed; allow a directory with --allowed-local-media-path "
                                   "(glimmer serve) or LLM(..., allowed_local_media_path=[...]) (Python)")

@@ -236,11 +236,28 @@ def test_a_missing_file_reads_the_same_as_a_forbidden_one(tmp_path):
 def test_a_refused_path_is_shown_cut_not_whole(tmp_path):
     """A data URL without its `data:` is a path; its refusal repeats 200 characters of it, not megabytes."""
     policy = MediaFetchPolicy.create([tmp_path])
-    mistyped = "data;image/png;base64," + base64.b64encode(_png() * 100).decode()
+    mistyped = "data;text/plain;base64," + base64.b64encode(b"not an image" * 100).decode()
     with pytest.raises(RequestError) as raised:
         load_media_reference(mistyped, "image", 0, policy)
     assert str(raised.value) == (f"image 0: {mistyped[:200]!r}… is not a readable file under the allowed media "
                                  "directories")
+
+
+@pytest.mark.parametrize("allowed", [False, True])
+@pytest.mark.parametrize("header", ["", "image/png;base64,", "data;image/png;base64,", "data:image/png,"])
+def test_base64_of_an_image_sent_without_its_data_url_header_is_refused_saying_so(tmp_path, allowed, header):
+    """An image's base64 alone (OpenAI's SDKs leave the data: URL to the caller), or after a header without its
+    `data:`, was read as a path: "local files are not allowed; allow a directory with --allowed-local-media-path",
+    or not a readable file, which led away from the fix. It is refused as base64 without a data: URL's header."""
+    policy = MediaFetchPolicy.create([tmp_path] if allowed else [])
+    sent = header + base64.b64encode(_png()).decode()
+    with pytest.raises(RequestError) as raised:
+        load_media_reference(sent, "image", 0, policy)
+    if header.startswith("data:"):  # a data: URL: its own refusal (no ;base64) says so
+        assert "does not end in ';base64'" in str(raised.value)
+        return
+    assert str(raised.value) == ("image 0: this is base64 of an image, not a path or a URL: send it as a data: URL, "
+                                 "data:image/png;base64,<data> (with the image's own MIME type)")
 
 
 def test_remote_fetching_is_off_unless_enabled():
