@@ -121,7 +121,8 @@ def _conversation(request: ResponsesRequest, store: ResponseStore) -> _Conversat
     fields: dict[str, Any] = {name: getattr(request, name) for name in _PASSED_THROUGH
                               if getattr(request, name) is not None}
     sources: list[MessageSource] = []
-    fields["messages"] = chat_messages(items, request.instructions, sources, continued)
+    fields["messages"] = chat_messages(items, request.instructions, sources, continued,
+                                       previous.items if previous is not None else None)
     if not fields["messages"]:
         raise RequestError("input: holds no message", param="input")
     if request.tools is not None:

@@ -179,10 +179,13 @@ def _responses_field(param: str, sources: list[MessageSource]) -> str | None:
 
 
 def chat_messages(items: list[dict[str, Any]], instructions: str | None,
-                  sources: list[MessageSource] | None = None, continued: int = 0) -> list[dict[str, Any]]:
+                  sources: list[MessageSource] | None = None, continued: int = 0,
+                  chain_as_sent: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """Raises RequestError naming the item or part the model cannot take. `sources`, if given, receives where
     each message came from (for `responses_error`). The first `continued` items are those of the response
-    named by `previous_response_id`; the request's own `input[0]` follows them."""
+    named by `previous_response_id`, as the prompt renders them (`StoredResponse.rendered_items`: an image sent as a
+    path or URL is the data it was read as); `chain_as_sent`, those items as their clients sent them, which an item
+    sent again is compared with. The request's own `input[0]` follows them."""
     called: dict[str, str] = {}  # call_id → where, of the function_call items so far: an output answers an earlier call
     answered: dict[str, str] = {}  # call_id → where, of the function_call_output items
     item_ids: dict[str, str] = {}  # id → where, of the items that carry one
@@ -283,7 +286,8 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
             content = _content(item.get("content"), where)
             messages.append({"role": role, "content": content})
             origins.append(MessageSource(where, images=_images_in(content)))
-            echo.read_message(role, content, where)
+            sent = chain_as_sent[i] if chain_as_sent is not None and i < continued else item
+            echo.read_message(role, content if sent is item else _content(sent.get("content"), where), where)
         elif kind == "function_call_output":
             flush()
             call_id = item.get("call_id")

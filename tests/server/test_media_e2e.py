@@ -288,6 +288,24 @@ def test_an_image_of_the_conversation_continued_is_the_one_read_when_it_was_sent
     assert client.responses.input_items.list(second.id, order="asc").data[0].content[1].image_url == str(photo)
 
 
+def test_a_conversation_with_an_image_from_a_path_sent_again_beside_its_response_is_400(client, media_dir):
+    """The conversation previous_response_id continues, sent again beside it, is refused at its answer; with an image
+    from a path in its user message it was taken once that image was kept as the data read (the chain's user message
+    compared unlike the path sent again), and the prompt held the conversation twice."""
+    photo = media_dir / "again.png"
+    photo.write_bytes(_png(16))
+    user = {"role": "user", "content": [{"type": "input_text", "text": "Look."},
+                                        {"type": "input_image", "image_url": str(photo)}]}
+    first = client.responses.create(model="tiny", max_output_tokens=3, temperature=0, extra_body=EXTRA, input=[user])
+    assert first.output_text
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(model="tiny", max_output_tokens=3, extra_body=EXTRA, previous_response_id=first.id,
+                                input=[user, {"role": "assistant", "content": first.output_text},
+                                       {"role": "user", "content": "And now?"}])
+    assert refused.value.body["param"] == "input[1]"
+    assert refused.value.body["message"].startswith("input[1]: duplicate assistant message item")
+
+
 def test_listed_input_images_have_the_detail_openai_lists_so_the_sdk_reads_them_as_images(client):
     """OpenAI lists every input_image with its `detail` (`auto` where none was sent), which the SDK's
     ResponseInputImage requires: an image sent without one was listed without, and the SDK read the part as a
