@@ -249,7 +249,7 @@ def _limit_named_as_sent(request: ChatCompletionRequest) -> Iterator[None]:
 async def _prepared_run(raw_request: Request, context: ServingContext, request: ChatCompletionRequest, arrival: float,
                         choices: Callable[[ChatPrompt, SamplingParams], list[ChoiceStream]],
                         named_for: str | None = None,
-                        groups: Mapping[str, MessageGroup] | None = None) -> ChatRun:
+                        groups: Mapping[str, MessageGroup] | None = None, keep_media_read: bool = False) -> ChatRun:
     """The run of a chat request, rendered and truncated, named by the client's request id where it sent one (the
     engine's id then unique to it: requests in flight may share the client's); `named_for`: the id of the response
     the run makes (a Responses request's), which then names the engine's request instead; `groups`: messages a
@@ -260,7 +260,7 @@ async def _prepared_run(raw_request: Request, context: ServingContext, request: 
         params = chat_sampling_params(request, context)
     def build(cancel: CancelToken) -> tuple[ChatPrompt, tuple[str, int] | None]:
         # off the event loop: counting a forced call's tokens takes a while
-        prompt = build_chat_prompt(request, context, cancel, groups)
+        prompt = build_chat_prompt(request, context, cancel, groups, keep_media_read=keep_media_read)
         forced = _forced_call(prompt, context)
         _check_room_for_the_forced_call(request, forced)
         return prompt, forced
@@ -296,13 +296,14 @@ async def _prepared_run(raw_request: Request, context: ServingContext, request: 
 
 async def start_chat_run(raw_request: Request, context: ServingContext, request: ChatCompletionRequest,
                          arrival: float, named_for: str | None = None, *, mark_messages: bool = False,
-                         groups: Mapping[str, MessageGroup] | None = None
+                         groups: Mapping[str, MessageGroup] | None = None, keep_media_read: bool = False
                          ) -> tuple[ChatRun, StepDelta, AsyncIterator[StepDelta]]:
     """Render, submit and wait for the first delta. Raises before any output: an invalid request (400), an
     overloaded or stopped engine, or a client that left (the request is then aborted). `named_for`: the id of the
     response the run makes, where it is not the chat completion's (`_prepared_run`); `mark_messages`: the choices'
     events mark where each reasoning or content message starts (OutputParser's); `groups`: messages a refusal of a
-    prompt too long measures together (`prompt_parts`)."""
+    prompt too long measures together (`prompt_parts`); `keep_media_read`: the prompt keeps the bytes its images were
+    read as (`build_chat_prompt`'s), for a response to be stored."""
     stop = stop_strings(request)
     hidden = frozenset() if request.skip_special_tokens is False else context.hidden_special_tokens
 
@@ -314,7 +315,7 @@ async def start_chat_run(raw_request: Request, context: ServingContext, request:
                              mark_messages=mark_messages)
                 for i in range(params.n)]
 
-    run = await _prepared_run(raw_request, context, request, arrival, choices, named_for, groups)
+    run = await _prepared_run(raw_request, context, request, arrival, choices, named_for, groups, keep_media_read)
     prompt = run.prompt
     stream = context.engine.generate(run.engine_id, prompt.token_ids, run.params, multimodal=prompt.multimodal,
                                      controller_factory=prompt.controller_factory, hidden_token_ids=hidden)

@@ -74,24 +74,28 @@ class ChatPrompt:
     continue_recipient: str | None = None  # continue_final_message: the channel the prompt ends inside (P-TMPL-8)
     continue_prefix: str = ""  # and that message's body in the prompt, which a tool channel's parse starts from
     rendering: ChatRendering | None = None  # how it was rendered, to measure its parts (`prompt_parts`)
-    # the bytes each image or video part named by a path or URL (not a data: URL) was read as, by the part's path
-    # (`messages[i].content[j]`): what a stored response keeps of it, the file or URL being free to change
+    # with build_chat_prompt's keep_media_read, the bytes each image part named by a path or URL (not a data: URL)
+    # was read as, by the part's path (`messages[i].content[j]`): what a stored response keeps of it, the file or URL
+    # being free to change
     media_read: dict[str, bytes] = field(default_factory=dict)
 
 
 def build_chat_prompt(request: ChatCompletionRequest, context: ServingContext,
                       cancel: CancelToken | None = None,
-                      groups: Mapping[str, MessageGroup] | None = None) -> ChatPrompt:
+                      groups: Mapping[str, MessageGroup] | None = None, *,
+                      keep_media_read: bool = False) -> ChatPrompt:
     """Raises RequestError (400 naming the field), ChatTemplateError (400 with the template's message), or
     Cancelled once `cancel` is cancelled (checked between media items and frames). `groups`: messages a refusal of a
-    prompt too long measures together (`prompt_parts`)."""
+    prompt too long measures together (`prompt_parts`); `keep_media_read`: the prompt keeps the bytes its images were
+    read as (`ChatPrompt.media_read`), for a response to be stored."""
     prefix = prefix_message_index(request.messages)  # RequestError naming a misplaced prefix
     with _naming_the_prefix(request, prefix):
-        return _built_chat_prompt(request, context, cancel, prefix, groups)
+        return _built_chat_prompt(request, context, cancel, prefix, groups, keep_media_read)
 
 
 def _built_chat_prompt(request: ChatCompletionRequest, context: ServingContext, cancel: CancelToken | None,
-                       prefix: int | None, groups: Mapping[str, MessageGroup] | None) -> ChatPrompt:
+                       prefix: int | None, groups: Mapping[str, MessageGroup] | None,
+                       keep_media_read: bool) -> ChatPrompt:
     settings = context.settings
     _refuse_rendering_fields_in_kwargs(request.chat_template_kwargs or {})  # the defaults' were checked at start
     # the server's defaults under the request's own (vLLM's --default-chat-template-kwargs)
@@ -137,7 +141,7 @@ def _built_chat_prompt(request: ChatCompletionRequest, context: ServingContext, 
     except PromptTextTooLongError as error:
         raise error.naming(prompt_text_parts(request.messages, rendering, tokenizer, groups=groups)) from None
     with naming_media_parts(request.messages):  # an item's error names its content part
-        images, videos, media_read = load_media(request.messages, context, cancel)
+        images, videos, media_read = load_media(request.messages, context, cancel, keep_read=keep_media_read)
         # as LLM.chat's: a bos only the post-processor names (prompt_start_token) is added there too
         token_ids, multimodal = engine.prepare_prompt(rendered.text, images, videos, literals=rendered.literals,
                                                       cancel=cancel, truncated=truncated)
@@ -274,11 +278,12 @@ class MediaLimitError(RequestError):
         self.counted = counted
 
 
-def load_media(messages: list[Mapping[str, Any]], context: ServingContext,
-               cancel: CancelToken | None = None) -> tuple[list[Any], list[Any], dict[str, bytes]]:
+def load_media(messages: list[Mapping[str, Any]], context: ServingContext, cancel: CancelToken | None = None, *,
+               keep_read: bool = False) -> tuple[list[Any], list[Any], dict[str, bytes]]:
     """The images and videos of the messages (as the client sent them, so that an error names the client's part),
-    in the order the template renders their placeholders, and the bytes read for each part naming a path or URL other
-    than a data: URL, by its path (`ChatPrompt.media_read`).
+    in the order the template renders their placeholders, and with `keep_read` the bytes read for each image part
+    naming a path or URL other than a data: URL, by its path (`ChatPrompt.media_read`; otherwise none are kept: an
+    image's file can be far larger than what the prompt holds of it).
 
     Raises RequestError naming the part: on a model without a vision tower, over the per-request limits,
     or when a reference cannot be loaded under the operator's media policy. Every part is checked before any is
@@ -310,7 +315,7 @@ def load_media(messages: list[Mapping[str, Any]], context: ServingContext,
     for (reference, kind, _), param, item in zip(references, params, _loaded(references, context, cancel),
                                                 strict=True):
         found[kind].append(item)
-        if isinstance(reference, str) and url_scheme(reference) != "data":  # bytes, read from a file or a URL
+        if keep_read and kind == "image" and isinstance(reference, str) and url_scheme(reference) != "data":
             read[param] = item
     return found["image"], found["video"], read
 

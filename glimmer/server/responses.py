@@ -516,7 +516,8 @@ async def create_response(raw_request: Request, context: ServingContext) -> Resp
     try:
         chat, first, stream = await start_chat_run(raw_request, context, conversation.chat, arrival, named,
                                                    mark_messages=True,
-                                                   groups=continued_messages(conversation.sources))
+                                                   groups=continued_messages(conversation.sources),
+                                                   keep_media_read=request.store is not False)
     except RequestError as exc:  # raised naming chat fields: name the Responses request's own
         raise responses_error(exc, conversation.sources) from None
     summarize = reasoning_summary(request) is not None

@@ -347,6 +347,20 @@ def test_a_continued_message_keeps_an_image_before_its_text(vision_engine):
     assert vision_engine.engine.tokenizer.decode(prompt.token_ids).endswith("<|image_end|>It shows")
 
 
+def test_only_a_prompt_asked_to_keeps_the_bytes_its_images_were_read_as(vision_engine, tmp_path):
+    """A response to be stored keeps what its images named by a path were read as (`media_read`); a chat completion
+    held them too, a file's bytes for the whole of its generation, though nothing reads them."""
+    photo = tmp_path / "photo.png"
+    photo.write_bytes(base64.b64decode(_png_data_url().partition(",")[2]))
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": str(photo)}},
+                                             {"type": "image_url", "image_url": {"url": _png_data_url()}}]}]
+    served = context(vision_engine, media_policy=MediaFetchPolicy.create([tmp_path]))
+    built = request(messages=messages, chat_template_kwargs=DATE)
+    assert build_chat_prompt(built, served).media_read == {}
+    kept = build_chat_prompt(built, served, keep_media_read=True).media_read
+    assert kept == {"messages[0].content[0]": photo.read_bytes()}  # a data: URL is its data already
+
+
 def test_a_continued_message_with_an_image_after_its_text_is_refused_naming_the_part(vision_engine):
     """The prompt ends inside the text the reply continues: the image after it had no placeholder left, and the
     request failed with `PlaceholderMismatchError: the prompt has 0 <|patch|> placeholder(s) but 1 image(s)`."""
