@@ -9,6 +9,10 @@ import time
 import httpx
 from server_support import live_server
 
+from glimmer.engine.async_engine import AsyncEngine, FinishedCompletion
+from glimmer.engine.llm_engine import EngineConfig
+from glimmer.server.metrics import RequestTimer, ServerMetrics
+
 
 def _grew(before: dict[str, float], after: dict[str, float], name: str) -> float:
     return after.get(name, 0) - before.get(name, 0)
@@ -156,3 +160,38 @@ def test_vllms_time_to_first_token_and_e2e_latency_count_each_completion_as_its_
     # the server's own figures time each HTTP request answered
     assert _grew(before, after, "glimmer_request_duration_seconds_count") == 3
     assert _grew(before, after, "glimmer_time_to_first_token_seconds_count") == 3
+
+
+def test_latencies_of_minutes_fall_in_finite_buckets(make_tiny):
+    """The latency histograms ended at 60 s, so a request of 90 s (a long answer, a queue under load) fell in +Inf
+    alone and histogram_quantile read every such quantile as 60 s. vLLM's time to first token buckets reach 2,560 s,
+    its request latencies 7,680 s."""
+    engine = AsyncEngine(EngineConfig(str(make_tiny()), progress=False, kv_cache_memory=8 << 20))
+    try:
+        metrics = ServerMetrics(engine, "tiny")
+        timer = RequestTimer(metrics, arrival=time.monotonic() - 90)
+        timer.tokens(1)
+        timer.done()
+        engine.record_finished(2, [FinishedCompletion("length", 2, 1, queue_time=0.0, prefill_time=90.0,
+                                                      decode_time=0.0, time_to_first_token=90.0, e2e_latency=90.0)])
+        deadline = time.monotonic() + 10
+        while not (buckets := _bucket_counts(metrics))["vllm:time_to_first_token_seconds"][-1][1]:
+            assert time.monotonic() < deadline, "the engine thread did not record the finished completion"
+            time.sleep(0.01)
+    finally:
+        engine.shutdown()
+    for name in ("glimmer_time_to_first_token_seconds", "glimmer_request_duration_seconds",
+                 "vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds",
+                 "vllm:request_prefill_time_seconds"):
+        finite = [le for le, count in buckets[name] if le != float("inf") and count == 1]
+        assert finite and 90 <= min(finite) <= 240, (name, buckets[name])
+
+
+def _bucket_counts(metrics: ServerMetrics) -> dict[str, list[tuple[float, float]]]:
+    """Each histogram's (upper bound, cumulative count) pairs, +Inf last."""
+    buckets: dict[str, list[tuple[float, float]]] = {}
+    for family in metrics.registry.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_bucket"):
+                buckets.setdefault(family.name, []).append((float(sample.labels["le"]), sample.value))
+    return buckets
