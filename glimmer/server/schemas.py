@@ -311,7 +311,7 @@ def validate_json(model: type[BaseModel], body: bytes, hints: dict[str, str] | N
         if first["type"] == "json_invalid" and "recursion limit exceeded" in first["msg"]:
             raise _nested_too_deep(body) from None
         if first["type"] == "json_invalid":
-            named = _not_utf8(body) or _lone_surrogate(body)
+            named = not_utf8_error(body) or _lone_surrogate(body)
             if named is not None:
                 raise named from None
         raise request_error(error, _UNION_FIELD_HINTS if hints is None else hints,
@@ -364,7 +364,7 @@ LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 can hold."""
 
 
-def _not_utf8(body: bytes) -> RequestError | None:
+def not_utf8_error(body: bytes) -> RequestError | None:
     """The RequestError for a body that is not UTF-8 text (Latin-1 or Windows-1252, whose é is the one byte 0xe9):
     pydantic-core refuses it as "invalid unicode code point", which says nothing of the encoding. None for UTF-8.
     (UTF-16 and UTF-32 are refused by name before parsing, body.read_body.)"""

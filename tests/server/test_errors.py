@@ -170,17 +170,19 @@ def test_a_body_in_utf16_or_utf32_is_400_saying_to_send_utf8(server, encoding, n
     assert error["message"] == f"the request body is {named} text; send JSON encoded as UTF-8"
 
 
-@pytest.mark.parametrize("path", ["/chat/completions", "/responses", "/tokenize"])
+@pytest.mark.parametrize("path", ["/chat/completions", "/responses", "/tokenize", "/invocations"])
 def test_a_body_in_latin1_is_400_saying_to_send_utf8(server, path):
     """A body in Latin-1 or Windows-1252 (an é as the one byte 0xe9) was "not valid JSON: Invalid JSON: invalid unicode
-    code point at line 1 column N", which said nothing of the encoding, as UTF-16's once did."""
+    code point at line 1 column N", which said nothing of the encoding, as UTF-16's once did; /invocations, which reads
+    the body to choose its route, said "not valid JSON ('utf-8' codec can't decode byte 0xe9 in position N: ...)",
+    counting the byte from 0."""
     body = chat(messages=[{"role": "user", "content": "café"}])
     if path == "/responses":
         body = {"model": "tiny", "input": "café"}
     elif path == "/tokenize":
         body = {"model": "tiny", "prompt": "café"}
     data = json.dumps(body, ensure_ascii=False).encode("latin-1")
-    url = server.url + path if path == "/tokenize" else server.base_url + path
+    url = server.url + path if path in ("/tokenize", "/invocations") else server.base_url + path
     response = httpx.post(url, content=data, timeout=30,
                           headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
     error = error_of(response, 400)
