@@ -9,12 +9,17 @@ from fastapi import Request
 from fastapi.responses import Response
 from starlette.types import Message
 
+from glimmer.protocol.duplicate_keys import refuse_duplicate_keys
 from glimmer.server.body import read_body
 from glimmer.server.chat import create_chat_completion
 from glimmer.server.completions import create_completion
 from glimmer.server.context import ServingContext
 from glimmer.server.errors import APIError
 from glimmer.server.schemas import not_utf8_error
+
+_ROUTE_FIELDS = ("messages", "prompt")
+"""The fields that choose the route: a chat completion for a body with `messages`, a completion for one with
+`prompt`."""
 
 
 async def invoke(request: Request, context: ServingContext) -> Response:
@@ -32,9 +37,18 @@ async def invoke(request: Request, context: ServingContext) -> Response:
     except RecursionError:  # nested past Python's parser (the /v1 routes refuse it at 200 levels)
         raise APIError(400, "the request body: objects and arrays nest too deeply for the server's JSON parser; "
                             f"flatten them; {kind}") from None
-    if isinstance(fields, dict) and "messages" in fields:
+    if not isinstance(fields, dict):
+        raise APIError(400, kind)
+    # null is an unset field, as on every route (schemas.drop_nulls): a client typing the body as the union of both
+    # requests sends the other one's field as null, which the route taken would refuse as a field it does not know
+    unset = [name for name in _ROUTE_FIELDS if name in fields and fields[name] is None]
+    if unset:
+        refuse_duplicate_keys(body)  # read again below from Python's parse, which keeps a key's last value
+        fields = {name: value for name, value in fields.items() if name not in unset}
+        body = json.dumps(fields).encode()
+    if "messages" in fields:
         return await create_chat_completion(_with_body(request, body), context)
-    if isinstance(fields, dict) and "prompt" in fields:
+    if "prompt" in fields:
         return await create_completion(_with_body(request, body), context)
     raise APIError(400, kind)
 

@@ -46,3 +46,25 @@ def test_invocations_needs_the_api_key_as_v1_does(tiny_checkpoint):
         allowed = httpx.post(server.url + "/invocations", json=body, timeout=30,
                              headers={"Authorization": "Bearer secret"})
         assert allowed.status_code == 200, allowed.text
+
+
+def test_a_null_messages_or_prompt_is_unset_when_invocations_picks_the_route(tiny_checkpoint):
+    """null is an unset field on every route (a client may send its unset fields as null, as a SageMaker client typing
+    its body as the union of both requests does): a body with `"messages": null` beside its prompt was run as a chat
+    completion and refused as one without messages "(this endpoint is /v1/chat/completions)", and one with
+    `"prompt": null` beside its messages was refused for an unknown field `prompt`."""
+    with live_server(tiny_checkpoint) as server:
+        text = httpx.post(server.url + "/invocations", timeout=60,
+                          json={"model": "tiny", "messages": None, "prompt": "hi", "max_tokens": 2})
+        assert text.status_code == 200, text.text
+        assert text.json()["object"] == "text_completion"
+        chat = httpx.post(server.url + "/invocations", timeout=60, json={
+            "model": "tiny", "prompt": None, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+        assert chat.status_code == 200, chat.text
+        assert chat.json()["object"] == "chat.completion"
+        neither = httpx.post(server.url + "/invocations", timeout=60, json={"messages": None, "prompt": None})
+        assert neither.status_code == 400
+        assert "`messages`" in neither.json()["error"]["message"]
+        twice = httpx.post(server.url + "/invocations", timeout=60, headers={"Content-Type": "application/json"},
+                           content=b'{"messages": null, "prompt": "hi", "prompt": "ho"}')
+        assert twice.status_code == 400 and twice.json()["error"]["param"] == "prompt"
