@@ -479,6 +479,13 @@ def _default_model_note(args: argparse.Namespace) -> str | None:
     return f"No MODEL given: {DEFAULT_MODEL_BLURB}"
 
 
+def _served_model_names(args: argparse.Namespace, name: str) -> tuple[str, ...]:
+    """The names a body's `model` may give (serve and run-batch): --served-model-name's, else the model's `name` (a
+    directory's or a GGUF file's) and MODEL as given, which vLLM serves it as (`vllm serve /models/x` answers to
+    `/models/x`, the name its clients send)."""
+    return tuple(args.served_model_name or dict.fromkeys([name, args.model or name]))
+
+
 def _engine_from_args(args: argparse.Namespace) -> tuple[Any, str]:
     """(AsyncEngine, served name) for `serve`, in-process `chat` and `run-batch`."""
     from glimmer.default_model import default_model_dir
@@ -560,7 +567,7 @@ def _serve(args: argparse.Namespace, sigterm: SigtermWatch) -> int:
         max_request_bytes = args.max_request_bytes if args.max_request_bytes is not None else (
             DEFAULT_MAX_REQUEST_BYTES_WITH_MEDIA if has_vision else DEFAULT_MAX_REQUEST_BYTES)
         return ServerSettings(
-            served_model_names=tuple(args.served_model_name or [served_name]),
+            served_model_names=_served_model_names(args, served_name),
             # an empty --api-key (`--api-key "$KEY"` with KEY unset) is refused by the settings, not read as no key
             api_key=_serve_api_key(args),
             max_request_bytes=max_request_bytes,
@@ -714,11 +721,9 @@ def _run_batch_file(args: argparse.Namespace, lines: list[Any], sigterm: Sigterm
         sigterm.check()  # a SIGTERM the loading code dropped
         if default_note is not None:
             print(default_note, file=sys.stderr)
-        # the body's `model` may name the model as `glimmer serve` does (the directory's name) or as it was given
-        # here, which vLLM's run-batch serves it as
-        names = tuple(args.served_model_name or dict.fromkeys([name, args.model or name]))
         settings = ServerSettings(
-            served_model_names=names, max_request_bytes=sys.maxsize,  # a line is no upload to limit
+            served_model_names=_served_model_names(args, name),
+            max_request_bytes=sys.maxsize,  # a line is no upload to limit
             default_reasoning_strength=args.default_reasoning_strength,
             trust_request_chat_template=args.trust_request_chat_template,
             media_policy=_media_policy(args), **_media_counts(args))
@@ -1967,7 +1972,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "given (repeatable, as vLLM's; default: $GLIMMER_API_KEY, else vLLM's $VLLM_API_KEY, else "
                             "none)")
     serve.add_argument("--served-model-name", nargs="+", action="extend", default=None,
-                       help="name(s) clients use as `model` (default: the directory name or Hub id)")
+                       help="name(s) clients use as `model` (default: the directory name, or Hub id, and MODEL as "
+                            "given)")
     serve.add_argument("--max-request-bytes", type=int, default=None,
                        help="larger request bodies get HTTP 413 (default 4 MiB, 32 MiB for a model with vision)")
     serve.add_argument("--request-read-timeout", type=float, default=DEFAULT_REQUEST_READ_TIMEOUT_S, metavar="SECONDS",
@@ -2083,7 +2089,8 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument("-o", "--output-file", required=True, metavar="FILE",
                        help="where to write one result record a line, in input order (- for stdout)")
     batch.add_argument("--served-model-name", nargs="+", action="extend", default=None,
-                       help="name(s) a body's `model` may give (default: the directory name, or MODEL as given)")
+                       help="name(s) a body's `model` may give (default: the directory name, or Hub id, and MODEL as "
+                            "given)")
     batch.add_argument("--allowed-local-media-path", action="append", default=[], metavar="DIR",
                        help="let requests name image/video files under DIR (repeatable; default: none)")
     batch.add_argument("--allow-remote-media", action="store_true",

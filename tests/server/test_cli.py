@@ -1491,6 +1491,23 @@ def test_chat_without_a_url_refuses_the_flags_only_a_url_server_reads(capsys, mo
                          "--api-key only applies to a --url server", "leave it out, or add --url")
 
 
+def test_serve_answers_to_its_model_named_as_given_as_vllm_serves_it(tiny_checkpoint):
+    """`vllm serve /models/x` serves the model as `/models/x`, the name its clients then send: `glimmer serve
+    /models/x` served the directory's name alone and answered them 404. As run-batch does, it takes either, the
+    directory's name first (the one responses, /v1/models and the metrics' model_name name first)."""
+    server = ServeProcess(["-m", "glimmer.cli", "serve", str(tiny_checkpoint), "--kv-cache-memory", "32MiB"])
+    try:
+        url = server.wait_until_serving()
+        reply = httpx.post(f"{url}/v1/completions", timeout=60,
+                           json={"model": str(tiny_checkpoint), "prompt": "hi", "max_tokens": 1})
+        listed = [card["id"] for card in httpx.get(f"{url}/v1/models", timeout=10).json()["data"]]
+    finally:
+        output = server.stop(signal.SIGTERM)
+    assert server.process.returncode == 0, output
+    assert reply.status_code == 200, reply.text
+    assert listed == [tiny_checkpoint.name, str(tiny_checkpoint)]
+
+
 def test_a_served_model_name_given_twice_is_refused(capsys):
     _fails_with_one_line(capsys, ["serve", "--served-model-name", "a", "b", "a"],
                          "--served-model-name: 'a' given more than once")
