@@ -43,7 +43,7 @@ def client_request_id(raw_request: Request, body_id: str | None) -> str | None:
         raise RequestError(f"the request has {len(sent)} {HEADER} headers; send exactly one", param=HEADER)
     state = raw_request.scope.get("state", {})
     if sent and not (body_id is not None and state.get(MADE_ID) == sent[0]):
-        return _checked(sent[0], HEADER)
+        return _checked(sent[0], HEADER, shown=_as_sent(sent[0]))
     if body_id is None:
         return sent[0] if sent else None
     return _body_id(raw_request, body_id)
@@ -78,13 +78,26 @@ def _body_id(raw_request: Request, body_id: str) -> str:
     return chosen
 
 
-def _checked(value: str, name: str) -> str:
+def _checked(value: str, name: str, shown: str | None = None) -> str:
+    """`value`; RequestError naming `name` and quoting `shown` (the value as the client wrote it, `value` by default)
+    for one too long or not visible ASCII."""
     if len(value) > MAX_CHARS:
         raise RequestError(f"{name}: {len(value):,} characters; send at most {MAX_CHARS}", param=name)
     if not _PRINTABLE.fullmatch(value):
-        raise RequestError(f"{name}: {value!r} is not an id of visible ASCII characters (spaces inside only); send "
-                           "one such as a UUID, or leave it out for the server's own", param=name)
+        raise RequestError(f"{name}: {value if shown is None else shown!r} is not an id of visible ASCII characters "
+                           "(spaces inside only); send one such as a UUID, or leave it out for the server's own",
+                           param=name)
     return value
+
+
+def _as_sent(header_value: str) -> str:
+    """A header's value as the client wrote it: its bytes come as Latin-1 text, which spells UTF-8 (curl's, a
+    proxy's) as other characters (`café` as 'cafÃ©'); bytes that are no UTF-8 stay as Latin-1 reads them."""
+    data = header_value.encode("latin-1")
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        return header_value
 
 
 def engine_request_id(response_id: str) -> str:

@@ -89,6 +89,15 @@ def test_an_id_that_no_log_or_header_could_carry_is_refused_naming_it(server, pa
     assert response.json()["error"]["param"] == param
 
 
+def test_a_header_id_outside_ascii_is_quoted_as_the_client_wrote_it(server):
+    """A header's bytes reach the server as Latin-1 text: `X-Request-Id: café` sent as UTF-8 (curl, a proxy) was
+    refused quoting 'cafÃ©', an id the client never sent."""
+    response = httpx.post(server.base_url + "/completions", json=COMPLETION, timeout=60,
+                          headers=[(b"X-Request-Id", "caf\u00e9".encode())])
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["message"].startswith("X-Request-Id: 'caf\u00e9' is not an id of visible ASCII")
+
+
 def test_request_id_headers_echo_the_id_or_make_one_the_response_is_named_by(make_tiny):
     with live_server(make_tiny(), scripted=True, request_id_headers=True) as server:
         echoed = _post(server, "/completions", COMPLETION, {"X-Request-Id": "trace-4"})
