@@ -17,7 +17,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +28,6 @@ from glimmer.cancellation import CancelToken
 from glimmer.engine.call_length import fewest_call_tokens
 from glimmer.engine.detokenizer import IncrementalDetokenizer
 from glimmer.engine.outputs import StepDelta
-from glimmer.engine.prompt_parts import MessageGroup
 from glimmer.engine.sampler import TokenLogprobs
 from glimmer.engine.sampling_params import SamplingParams
 from glimmer.errors import ContextLengthError, ForcedCallContextError, RequestError
@@ -38,7 +37,7 @@ from glimmer.protocol.headers import channel_of_recipient
 from glimmer.protocol.request_normalization import TEXT_PART_TYPES
 from glimmer.server.beam_search import beam_search_params, refuse_beam_search_options, run_beam_search
 from glimmer.server.body import read_body
-from glimmer.server.chat_prompt import ChatPrompt, build_chat_prompt, prompt_parts, prompt_threads
+from glimmer.server.chat_prompt import ChatPrompt, ResponsesTurn, build_chat_prompt, prompt_parts, prompt_threads
 from glimmer.server.choice_stream import ChoiceStream, Released, coalesced
 from glimmer.server.context import ServingContext
 from glimmer.server.errors import describe_error
@@ -248,19 +247,18 @@ def _limit_named_as_sent(request: ChatCompletionRequest) -> Iterator[None]:
 
 async def _prepared_run(raw_request: Request, context: ServingContext, request: ChatCompletionRequest, arrival: float,
                         choices: Callable[[ChatPrompt, SamplingParams], list[ChoiceStream]],
-                        named_for: str | None = None,
-                        groups: Mapping[str, MessageGroup] | None = None, keep_media_read: bool = False) -> ChatRun:
+                        turn: ResponsesTurn | None = None) -> ChatRun:
     """The run of a chat request, rendered and truncated, named by the client's request id where it sent one (the
-    engine's id then unique to it: requests in flight may share the client's); `named_for`: the id of the response
-    the run makes (a Responses request's), which then names the engine's request instead; `groups`: messages a
-    refusal of a prompt too long measures together (`prompt_parts`)."""
+    engine's id then unique to it: requests in flight may share the client's); `turn`: what a /v1/responses request
+    adds (`ResponsesTurn`), whose response id then names the engine's request instead."""
     model_name = context.check_model(request.model)
+    named_for = turn.response_id if turn is not None else None
     client_id = client_request_id(raw_request, request.request_id) if named_for is None else None
     with _limit_named_as_sent(request):
         params = chat_sampling_params(request, context)
     def build(cancel: CancelToken) -> tuple[ChatPrompt, tuple[str, int] | None]:
         # off the event loop: counting a forced call's tokens takes a while
-        prompt = build_chat_prompt(request, context, cancel, groups, keep_media_read=keep_media_read)
+        prompt = build_chat_prompt(request, context, cancel, turn)
         forced = _forced_call(prompt, context)
         _check_room_for_the_forced_call(request, forced)
         return prompt, forced
@@ -279,7 +277,7 @@ async def _prepared_run(raw_request: Request, context: ServingContext, request: 
         if len(prompt.token_ids) != rendered_len:  # truncated: its parts are no longer the request's
             raise
         parts = await in_worker_thread(raw_request,
-                                       lambda cancel: prompt_parts(request.messages, prompt, context, groups))
+                                       lambda cancel: prompt_parts(request.messages, prompt, context, turn))
         with _limit_named_as_sent(request):
             raise error.naming(parts) from None
     run = ChatRun(context, request, prompt, model_name, choices(prompt, params), RequestTimer(context.metrics, arrival),
@@ -295,15 +293,12 @@ async def _prepared_run(raw_request: Request, context: ServingContext, request: 
 
 
 async def start_chat_run(raw_request: Request, context: ServingContext, request: ChatCompletionRequest,
-                         arrival: float, named_for: str | None = None, *, mark_messages: bool = False,
-                         groups: Mapping[str, MessageGroup] | None = None, keep_media_read: bool = False
+                         arrival: float, turn: ResponsesTurn | None = None
                          ) -> tuple[ChatRun, StepDelta, AsyncIterator[StepDelta]]:
     """Render, submit and wait for the first delta. Raises before any output: an invalid request (400), an
-    overloaded or stopped engine, or a client that left (the request is then aborted). `named_for`: the id of the
-    response the run makes, where it is not the chat completion's (`_prepared_run`); `mark_messages`: the choices'
-    events mark where each reasoning or content message starts (OutputParser's); `groups`: messages a refusal of a
-    prompt too long measures together (`prompt_parts`); `keep_media_read`: the prompt keeps the bytes its images were
-    read as (`build_chat_prompt`'s), for a response to be stored."""
+    overloaded or stopped engine, or a client that left (the request is then aborted). `turn`: what a /v1/responses
+    request adds (`ResponsesTurn`); its choices' events mark where each reasoning or content message starts
+    (OutputParser's `mark_messages`), each message an output item of the response."""
     stop = stop_strings(request)
     hidden = frozenset() if request.skip_special_tokens is False else context.hidden_special_tokens
 
@@ -312,10 +307,10 @@ async def start_chat_run(raw_request: Request, context: ServingContext, request:
                              include_stop=request.include_stop_str_in_output, hidden_tokens=hidden,
                              min_tokens=params.min_tokens, verbatim_content=prompt.constrained_answer,
                              continue_recipient=prompt.continue_recipient, continue_prefix=prompt.continue_prefix,
-                             mark_messages=mark_messages)
+                             mark_messages=turn is not None)
                 for i in range(params.n)]
 
-    run = await _prepared_run(raw_request, context, request, arrival, choices, named_for, groups, keep_media_read)
+    run = await _prepared_run(raw_request, context, request, arrival, choices, turn)
     prompt = run.prompt
     stream = context.engine.generate(run.engine_id, prompt.token_ids, run.params, multimodal=prompt.multimodal,
                                      controller_factory=prompt.controller_factory, hidden_token_ids=hidden)

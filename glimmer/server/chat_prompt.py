@@ -74,28 +74,38 @@ class ChatPrompt:
     continue_recipient: str | None = None  # continue_final_message: the channel the prompt ends inside (P-TMPL-8)
     continue_prefix: str = ""  # and that message's body in the prompt, which a tool channel's parse starts from
     rendering: ChatRendering | None = None  # how it was rendered, to measure its parts (`prompt_parts`)
-    # with build_chat_prompt's keep_media_read, the bytes each image part named by a path or URL (not a data: URL)
-    # was read as, by the part's path (`messages[i].content[j]`): what a stored response keeps of it, the file or URL
+    # with ResponsesTurn.keep_media_read, the bytes each image part named by a path or URL (not a data: URL) was
+    # read as, by the part's path (`messages[i].content[j]`): what a stored response keeps of it, the file or URL
     # being free to change
     media_read: dict[str, bytes] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class ResponsesTurn:
+    """What a /v1/responses request adds to the chat request it is built and run as (None for a chat completion).
+
+    `continued`: the messages of the responses its previous_response_id continues, which a refusal of a prompt too
+    long measures apart (`prompt_parts`); `keep_media_read`: the prompt keeps the bytes its images were read as
+    (`ChatPrompt.media_read`), for the response to be stored; `response_id`: the id of the response its run makes,
+    which names the engine's request (`chat.start_chat_run`), None where it makes none (input_tokens counts it)."""
+
+    continued: Mapping[str, MessageGroup]
+    keep_media_read: bool = False
+    response_id: str | None = None
+
+
 def build_chat_prompt(request: ChatCompletionRequest, context: ServingContext,
-                      cancel: CancelToken | None = None,
-                      groups: Mapping[str, MessageGroup] | None = None, *,
-                      keep_media_read: bool = False) -> ChatPrompt:
+                      cancel: CancelToken | None = None, turn: ResponsesTurn | None = None) -> ChatPrompt:
     """Raises RequestError (400 naming the field), ChatTemplateError (400 with the template's message), or
-    Cancelled once `cancel` is cancelled (checked between media items and frames). `groups`: messages a refusal of a
-    prompt too long measures together (`prompt_parts`); `keep_media_read`: the prompt keeps the bytes its images were
-    read as (`ChatPrompt.media_read`), for a response to be stored."""
+    Cancelled once `cancel` is cancelled (checked between media items and frames). `turn`: what a /v1/responses
+    request adds (`ResponsesTurn`)."""
     prefix = prefix_message_index(request.messages)  # RequestError naming a misplaced prefix
     with _naming_the_prefix(request, prefix):
-        return _built_chat_prompt(request, context, cancel, prefix, groups, keep_media_read)
+        return _built_chat_prompt(request, context, cancel, prefix, turn)
 
 
 def _built_chat_prompt(request: ChatCompletionRequest, context: ServingContext, cancel: CancelToken | None,
-                       prefix: int | None, groups: Mapping[str, MessageGroup] | None,
-                       keep_media_read: bool) -> ChatPrompt:
+                       prefix: int | None, turn: ResponsesTurn | None) -> ChatPrompt:
     settings = context.settings
     _refuse_rendering_fields_in_kwargs(request.chat_template_kwargs or {})  # the defaults' were checked at start
     # the server's defaults under the request's own (vLLM's --default-chat-template-kwargs)
@@ -139,9 +149,11 @@ def _built_chat_prompt(request: ChatCompletionRequest, context: ServingContext, 
     try:  # before any media fetching, decoding or tokenizing
         engine.check_prompt_chars(rendered.text, truncated=truncated)
     except PromptTextTooLongError as error:
-        raise error.naming(prompt_text_parts(request.messages, rendering, tokenizer, groups=groups)) from None
+        parts = prompt_text_parts(request.messages, rendering, tokenizer, groups=_measured_apart(turn))
+        raise error.naming(parts) from None
     with naming_media_parts(request.messages):  # an item's error names its content part
-        images, videos, media_read = load_media(request.messages, context, cancel, keep_read=keep_media_read)
+        images, videos, media_read = load_media(request.messages, context, cancel,
+                                                keep_read=turn is not None and turn.keep_media_read)
         # as LLM.chat's: a bos only the post-processor names (prompt_start_token) is added there too
         token_ids, multimodal = engine.prepare_prompt(rendered.text, images, videos, literals=rendered.literals,
                                                       cancel=cancel, truncated=truncated)
@@ -182,16 +194,22 @@ def _naming_the_prefix(request: ChatCompletionRequest, prefix: int | None) -> It
         raise error.with_message(f"{field} (the reply continues this message): {message}", field) from None
 
 
+def _measured_apart(turn: ResponsesTurn | None) -> Mapping[str, MessageGroup] | None:
+    """The messages a refusal of a prompt too long measures apart, by name (`removable_parts`' groups)."""
+    return turn.continued if turn is not None else None
+
+
 def prompt_parts(messages: list[dict[str, Any]], prompt: ChatPrompt, context: ServingContext,
-                 groups: Mapping[str, MessageGroup] | None = None) -> list[PromptPart]:
+                 turn: ResponsesTurn | None = None) -> list[PromptPart]:
     """The tokens each part of a chat request made of its prompt, to say which made it too long: `tools`,
-    `chat_template_kwargs`, each system message (`messages[i]`; more than four together, `system messages`) and each
-    of `groups` (messages by index, under a name: /v1/responses' `previous_response_id`; their images and videos
-    with them) the tokens the prompt loses rendered without it, other images and videos their whole expansions
-    (placeholder tokens, start and end markers, a video's timestamps and separators), and `messages` the rest (the
-    template's own markup included). A part the template cannot render without is left out (counted in `messages`).
-    Renders and tokenizes the conversation once more for each part: for a refused prompt only."""
+    `chat_template_kwargs`, each system message (`messages[i]`; more than four together, `system messages`) and the
+    messages a /v1/responses turn continues (`ResponsesTurn.continued`, under `previous_response_id`; their images
+    and videos with them) the tokens the prompt loses rendered without it, other images and videos their whole
+    expansions (placeholder tokens, start and end markers, a video's timestamps and separators), and `messages` the
+    rest (the template's own markup included). A part the template cannot render without is left out (counted in
+    `messages`). Renders and tokenizes the conversation once more for each part: for a refused prompt only."""
     tokenizer = context.tokenizer
+    groups = _measured_apart(turn)
     measured = removable_parts(messages, prompt.rendering, tokenizer,
                                lambda rendered: len(tokenizer.encode(rendered.text, literals=rendered.literals)),
                                groups=groups)

@@ -32,7 +32,7 @@ from glimmer.protocol.deltas import Event
 from glimmer.protocol.reasoning_strength import TEMPLATE_DEFAULT_STRENGTH
 from glimmer.server.body import read_body
 from glimmer.server.chat import ChatRun, chat_updates, start_chat_run
-from glimmer.server.chat_prompt import build_chat_prompt, prompt_threads
+from glimmer.server.chat_prompt import ResponsesTurn, build_chat_prompt, prompt_threads
 from glimmer.server.choice_stream import Released, coalesced
 from glimmer.server.context import ServingContext
 from glimmer.server.errors import APIError, describe_error
@@ -513,11 +513,10 @@ async def create_response(raw_request: Request, context: ServingContext) -> Resp
     # off the event loop, as chat renders its prompt: checking a body's worth of tool schemas takes seconds
     named = response_id(raw_request, request.request_id)
     conversation = await in_worker_thread(raw_request, lambda cancel: _conversation(request, context.responses))
+    turn = ResponsesTurn(continued_messages(conversation.sources), keep_media_read=request.store is not False,
+                         response_id=named)
     try:
-        chat, first, stream = await start_chat_run(raw_request, context, conversation.chat, arrival, named,
-                                                   mark_messages=True,
-                                                   groups=continued_messages(conversation.sources),
-                                                   keep_media_read=request.store is not False)
+        chat, first, stream = await start_chat_run(raw_request, context, conversation.chat, arrival, turn)
     except RequestError as exc:  # raised naming chat fields: name the Responses request's own
         raise responses_error(exc, conversation.sources) from None
     summarize = reasoning_summary(request) is not None
@@ -537,10 +536,10 @@ async def count_input_tokens(raw_request: Request, context: ServingContext) -> R
     request = validate_json(ResponsesRequest, json.dumps(counted.as_create_request()).encode())
     conversation = await in_worker_thread(raw_request, lambda cancel: _conversation(request, context.responses))
     context.check_model(request.model)
+    turn = ResponsesTurn(continued_messages(conversation.sources))  # its prompt's: nothing is run or stored
     try:
         prompt = await in_worker_thread(raw_request,
-                                        lambda cancel: build_chat_prompt(conversation.chat, context, cancel,
-                                                                         continued_messages(conversation.sources)),
+                                        lambda cancel: build_chat_prompt(conversation.chat, context, cancel, turn),
                                         prompt_threads(conversation.chat.messages, context))
     except RequestError as exc:  # raised naming chat fields: name the Responses request's own
         raise responses_error(exc, conversation.sources) from None

@@ -28,7 +28,7 @@ from glimmer.errors import ConfigError, RequestError
 from glimmer.multimodal.settings import MediaFetchPolicy
 from glimmer.protocol import ChatTemplateError
 from glimmer.server import chat_prompt
-from glimmer.server.chat_prompt import build_chat_prompt, prompt_threads
+from glimmer.server.chat_prompt import ResponsesTurn, build_chat_prompt, prompt_threads
 from glimmer.server.context import ServingContext
 from glimmer.server.responses_input import chat_messages
 from glimmer.server.schemas import ChatCompletionRequest
@@ -357,7 +357,7 @@ def test_only_a_prompt_asked_to_keeps_the_bytes_its_images_were_read_as(vision_e
     served = context(vision_engine, media_policy=MediaFetchPolicy.create([tmp_path]))
     built = request(messages=messages, chat_template_kwargs=DATE)
     assert build_chat_prompt(built, served).media_read == {}
-    kept = build_chat_prompt(built, served, keep_media_read=True).media_read
+    kept = build_chat_prompt(built, served, turn=ResponsesTurn({}, keep_media_read=True)).media_read
     assert kept == {"messages[0].content[0]": photo.read_bytes()}  # a data: URL is its data already
 
 

@@ -106,7 +106,7 @@ def test_a_request_still_preparing_its_prompt_when_the_server_stops_gets_a_503_a
     build = chat.build_chat_prompt
     started, stopped = [], threading.Event()
 
-    def slow_build(request, context, cancel, groups=None, **options):
+    def slow_build(request, context, cancel, turn=None):
         started.append(True)
         try:
             for _ in range(300):  # a slow download (15 s at the least), which checks `cancel` between its chunks
@@ -115,7 +115,7 @@ def test_a_request_still_preparing_its_prompt_when_the_server_stops_gets_a_503_a
         except Cancelled:
             stopped.set()
             raise
-        return build(request, context, cancel, groups, **options)
+        return build(request, context, cancel, turn)
 
     monkeypatch.setattr(chat, "build_chat_prompt", slow_build)
     with live_server(make_tiny()) as server, ThreadPoolExecutor(1) as pool:
