@@ -45,7 +45,14 @@ import torch
 from glimmer.checkpoint.config import ModelConfig
 from glimmer.checkpoint.config_layouts import normalize_config
 from glimmer.checkpoint.mapped_tensors import MappedTensor, MappedTensors, non_finite_part
-from glimmer.checkpoint.quantized_weights import QuantizedStorage
+from glimmer.checkpoint.quantized_weights import (
+    EIGHT_BIT,
+    GPTQ_OR_AWQ,
+    WEIGHT_PACKED,
+    QuantizedStorage,
+    describe_quantized_weights,
+    find_quantized_weights,
+)
 from glimmer.checkpoint.safetensors_files import SafetensorsCheckpoint, TensorInfo
 from glimmer.checkpoint.weight_layouts import detect_weight_layout, locate
 from glimmer.checkpoint.weight_mismatch import MismatchAdvice, WeightMismatch
@@ -65,12 +72,9 @@ _BYTE_VALUES = torch.stack((_E2M1_CODES.repeat(16), _E2M1_CODES.repeat_interleav
 # codes dequantized at a time: the scratch memory beside the output stays a few dozen megabytes
 DEQUANTIZE_CHUNK_VALUES = 1 << 22
 
-_PACKED, _SCALE, _GLOBAL = "weight_packed", "weight_scale", "weight_global_scale"
+_PACKED, _SCALE, _GLOBAL = WEIGHT_PACKED, "weight_scale", "weight_global_scale"
 _DROPPED_SUFFIXES = (".input_global_scale", ".input_scale")
 _FLOAT_GLOBAL_DTYPES = ("F32", "F16", "BF16")
-# compressed-tensors' FP8 and INT8 weights: stored as `weight` in 8 bits beside a scale of one of these names
-_8_BIT_DTYPES = ("F8_E4M3", "F8_E5M2", "I8")
-_8_BIT_SCALES = ("weight_scale", "weight_scale_inv")
 # the text decoder's Linear layers, the only modules that may be quantized
 _TEXT_LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                  "self_attn.gate_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
@@ -134,47 +138,6 @@ def open_compressed_tensors(path: Path, raw: dict[str, Any], *, weights: bool = 
     }
     return CompressedTensorsCheckpoint(config, MappedTensors(path, entries, files.total_bytes), layout, types, summary,
                                        storage)
-
-
-# the kinds of quantized weights find_quantized_weights tells apart
-PACKED, GPTQ_OR_AWQ, EIGHT_BIT = "compressed-tensors packed", "GPTQ or AWQ packed", "8-bit"
-
-
-@dataclass(frozen=True)
-class QuantizedWeights:
-    """A quantizer's tensors in place of Linear weights: the first of `kind` (sorted by name) and how many more."""
-    kind: str  # PACKED (weight_packed), GPTQ_OR_AWQ (qweight) or EIGHT_BIT (weight in 8 bits)
-    first: str
-    more: int
-    scale: str = ""  # EIGHT_BIT: the name of the scale beside `first` (weight_scale or weight_scale_inv)
-
-
-def find_quantized_weights(files: SafetensorsCheckpoint) -> QuantizedWeights | None:
-    """The quantized Linear weights among `files`' tensors, whatever their config says, or None: GPTQ's or AWQ's
-    `qweight`s, FP8 or INT8 `weight`s beside their scale (compressed-tensors' float- and int-quantized formats keep
-    the name `weight`; DeepSeek-style FP8 blocks name the scale `weight_scale_inv`), compressed-tensors'
-    `weight_packed`s; the first kind found in that order."""
-    qweights = sorted(name for name in files.tensors if name.endswith(".qweight"))
-    if qweights:
-        return QuantizedWeights(GPTQ_OR_AWQ, qweights[0], len(qweights) - 1)
-    eight_bit = sorted((name, scale) for name, info in files.tensors.items()
-                       if name.endswith(".weight") and info.dtype in _8_BIT_DTYPES
-                       for scale in _8_BIT_SCALES if f"{name.removesuffix('.weight')}.{scale}" in files.tensors)
-    if eight_bit:
-        return QuantizedWeights(EIGHT_BIT, eight_bit[0][0], len(eight_bit) - 1, scale=eight_bit[0][1])
-    packed = sorted(name for name in files.tensors if name.endswith(f".{_PACKED}"))
-    if packed:
-        return QuantizedWeights(PACKED, packed[0], len(packed) - 1)
-    return None
-
-
-def describe_quantized_weights(found: QuantizedWeights, files: SafetensorsCheckpoint) -> str:
-    """The first of `found`, how many more and, for 8-bit weights, their dtype and scale: "x.weight and 13 more, of
-    dtype F8_E4M3 beside their weight_scale"."""
-    shown = found.first + (f" and {found.more} more" if found.more else "")
-    if found.kind == EIGHT_BIT:
-        shown += f", of dtype {files.tensors[found.first].dtype} beside their {found.scale}"
-    return shown
 
 
 def refuse_unmarked_packed_weights(path: Path, files: SafetensorsCheckpoint) -> None:

@@ -21,7 +21,6 @@ from typing import Any
 import torch
 
 from glimmer.checkpoint.broken_links import refuse_not_a_file
-from glimmer.checkpoint.compressed_tensors import describe_quantized_weights, find_quantized_weights
 from glimmer.checkpoint.config import ABSENT_FIELDS_TOOK_DEFAULTS, DrafterConfig, TextConfig, too_many_layers
 from glimmer.checkpoint.config_common_fields import read_rope_parameters
 from glimmer.checkpoint.config_fields import Notes, Section, dtype_field_warnings
@@ -29,6 +28,7 @@ from glimmer.checkpoint.gguf_file import is_gguf_path
 from glimmer.checkpoint.json_files import read_json_object
 from glimmer.checkpoint.mapped_tensors import MappedTensors
 from glimmer.checkpoint.pickle_files import DTYPE_NAMES, load_weights_only, torch_load_failure
+from glimmer.checkpoint.quantized_weights import describe_quantized_weights, find_quantized_weights
 from glimmer.checkpoint.safetensors_files import SafetensorsCheckpoint, TensorInfo
 from glimmer.checkpoint.weight_layouts import DRAFTER_CANONICAL, DRAFTER_NATIVE
 from glimmer.errors import CheckpointError, ConfigError
