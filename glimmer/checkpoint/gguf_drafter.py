@@ -56,12 +56,11 @@ _FIELD_KEYS = {field: f"{ARCH}.{key}" for field, key in _FIELD_KEYS.items()} | {
     "mask_token_id": "tokenizer.ggml.mask_token_id"}
 
 
-# every key under `dflash.` read_gguf_drafter reads; any other is named in a warning, as a model GGUF's are
-_READ_KEYS = frozenset({
-    *(key.removeprefix(f"{ARCH}.") for key in _FIELD_KEYS.values() if key.startswith(f"{ARCH}.")),
+# every key read_gguf_drafter reads; any other under `dflash.` is named in a warning, as a model GGUF's are
+_READ_KEYS = frozenset({*_FIELD_KEYS.values(), *(f"{ARCH}.{key}" for key in (
     "attention.value_length", "rope.dimension_count", "target_layers", "attention.sliding_window_pattern",
     *ROPE_SCALING_KEYS,
-})
+))})
 
 
 def name_gguf_keys(message: str) -> str:

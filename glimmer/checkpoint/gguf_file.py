@@ -121,9 +121,9 @@ def fields_as_gguf_keys(message: str, keys: dict[str, str], owner: str | None = 
 
 
 def unread_keys(file: GGUFFile, prefix: str, read: Collection[str]) -> list[str]:
-    """The keys under `prefix` (`muse-glimmer.`, `clip.`, `general.sampling.`) whose name past it is not in `read`,
-    sorted: what the file asks that Glimmer does not read."""
-    return sorted(key for key in file.metadata if key.startswith(prefix) and key.removeprefix(prefix) not in read)
+    """The keys under `prefix` (`muse-glimmer.`, `clip.`, `general.sampling.`) that are not in `read` (whole keys, as
+    the file names them), sorted: what the file asks that Glimmer does not read."""
+    return sorted(key for key in file.metadata if key.startswith(prefix) and key not in read)
 
 
 def unread_keys_warning(file: GGUFFile, prefix: str, read: Collection[str]) -> list[str]:

@@ -324,13 +324,13 @@ _NEVER_KEYS: dict[str, tuple[str, Callable[[GGUFFile, str], Any], Any]] = {
 }
 # every key under `muse-glimmer.` that _text_config reads; any other is ignored with a warning, as config.json's
 # unknown keys are
-_READ_KEYS = frozenset({
+_READ_KEYS = frozenset(_key(name) for name in (
     "block_count", "embedding_length", "feed_forward_length", "context_length", "vocab_size", "logit_scale",
     "final_logit_softcapping", "attention.head_count", "attention.head_count_kv", "attention.key_length",
     "attention.value_length", "attention.layer_norm_rms_epsilon", "attention.sliding_window",
     "attention.sliding_window_pattern", "rope.dimension_count", "rope.freq_base", "rope.freq_base_swa",
     *ROPE_SCALING_KEYS, *_NEVER_KEYS,
-})
+))
 
 
 def _check_unread_keys(file: GGUFFile) -> list[str]:

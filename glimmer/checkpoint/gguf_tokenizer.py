@@ -185,8 +185,7 @@ def _sampling_defaults(file: GGUFFile) -> dict[str, Any]:
         defaults["top_k"] = file.integer(_SAMPLING_TOP_K)
     # the others (penalty_repeat, penalty_last_n, mirostat, xtc_*, sequence) are llama.cpp's own samplers: a request
     # does not run them, so they are said to be ignored, as the muse-glimmer.* keys Glimmer does not read are
-    unread = unread_keys(file, _SAMPLING_PREFIX,
-                         {key.removeprefix(_SAMPLING_PREFIX) for key in _SAMPLING_SOURCE_KEYS.values()})
+    unread = unread_keys(file, _SAMPLING_PREFIX, _SAMPLING_SOURCE_KEYS.values())
     if unread:
         logger.warning("%s: ignoring sampling defaults Glimmer does not read (llama.cpp's own samplers; set them in "
                        "each request where Glimmer has one): %s", file.path, ", ".join(unread))

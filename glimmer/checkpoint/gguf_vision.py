@@ -176,7 +176,7 @@ def read_mmproj(path: str | Path, text: TextConfig) -> MmprojVision:
                          f"({REFERENCE_MAX_IMAGE_TOKENS} tokens an image)")
     warnings = [f"{file.path}: metadata keys absent from the mmproj took the reference values: {', '.join(defaulted)}"
                 ] if defaulted else []
-    warnings += unread_keys_warning(file, "clip.", {key.removeprefix("clip.") for key in _READ_KEYS})
+    warnings += unread_keys_warning(file, "clip.", _READ_KEYS)
     return MmprojVision(config, entries, types, warnings, out_hidden, projector_hidden, preprocessor,
                         file.total_bytes)
 
