@@ -238,37 +238,109 @@ def _content_breaks(deltas: Iterable[Delta]) -> list[int]:
     return breaks
 
 
+class _ServerReading:
+    """A generated turn read a token's text at a time as the server's chat reads it (server/choice_stream.py), to
+    tell where the server ends the reply: at a header of another role (the model is inventing the next user turn or a
+    tool result, P-HDR-8), with `single_call` (`parallel_tool_calls=False`) at the first finished call, and at the
+    first stop string in the answer (P-REQ-2) that ends past the text of the first `min_tokens` tokens, counted
+    neither across reasoning nor a call between two pieces of the answer (`_content_breaks`). `reading`:
+    OutputParser's arguments."""
+
+    def __init__(self, reading: Mapping[str, Any], *, single_call: bool, stop: list[str], include_stop: bool,
+                 min_tokens: int):
+        self._parser = OutputParser(**reading)
+        self._single_call = single_call
+        self._stop = stop
+        self._include_stop = include_stop
+        self._min_tokens = min_tokens
+        self._longest = max((len(s) for s in stop), default=0)
+        self._deltas: list[Delta] = []
+        self._content = ""
+        self._tokens = 0
+        self._characters = 0
+        self._armed_after = -1 if not min_tokens else None  # where the min_tokens-th token's text ends, once read
+        self.ended_by: str | None = None  # "stop" (a stop string in the answer), "other" (a header, the first call)
+
+    def feed(self, text: str, tokens: int = 1) -> str | None:
+        """Read the text that the turn's next `tokens` tokens released; returns why the server ends the reply there
+        (`ended_by`), or None. Text read once the reply ended is no part of it. Several tokens read as one (a step's
+        text, which comes with its last token) arm the stop strings at the end of their text: a stop string that
+        min_tokens holds off is never taken for one that counts."""
+        if self.ended_by is not None:
+            return None
+        self._tokens += tokens
+        self._characters += len(text)
+        if self._armed_after is None and self._tokens >= self._min_tokens:
+            self._armed_after = self._characters
+        delta = self._parser.feed(text)
+        self._deltas.append(delta)
+        parser = self._parser
+        if parser.other_role_header_seen or (
+                self._single_call and (parser.valid_call_names or parser.unresolved_call_count)):
+            self.ended_by = "other"
+        elif self._stop and delta.content:
+            self._content += delta.content
+            recent = self._content[-(self._longest + len(delta.content)):]
+            if self._armed_after is not None and any(s in recent for s in self._stop):
+                unarmed = _unarmed_answer_characters(parser, self._armed_after)
+                breaks = _content_breaks(self._deltas)
+                if _cut_at_stop(self._content, self._stop, self._include_stop, unarmed, breaks)[1] is not None:
+                    self.ended_by = "stop"
+        return self.ended_by
+
+    def ends_at_stop(self, delta: StepDelta) -> bool:
+        """Whether the server ends the reply at a stop string in the answer within the engine's `delta` of the turn
+        (read token by token where it says where each token's text ends)."""
+        start = 0
+        for end, tokens in _token_text_runs(delta.text_ends()):
+            if self.feed(delta.text[start:end], tokens) is not None:
+                return self.ended_by == "stop"
+            start = end
+        return False
+
+
+def _token_text_runs(text_ends: list[int]) -> list[tuple[int, int]]:
+    """(where a token's text ends, how many tokens released it) per token whose text ends after the one before's: the
+    tokens of one step's delta release their text with the last (`StepDelta.text_ends`)."""
+    runs: list[tuple[int, int]] = []
+    tokens = 0
+    for i, end in enumerate(text_ends):
+        tokens += 1
+        if i + 1 == len(text_ends) or text_ends[i + 1] != end:
+            runs.append((end, tokens))
+            tokens = 0
+    return runs
+
+
+def _armed_after(token_ends: list[int], min_tokens: int, stop: list[str]) -> int:
+    """Where the text of the turn's min_tokens-th token ends (`token_ends`: where each token's text ends), after which
+    a stop string counts; -1 without min_tokens or stop strings, the turn's end if it has fewer tokens."""
+    min_tokens = min(min_tokens, len(token_ends))
+    return token_ends[min_tokens - 1] if stop and min_tokens else -1
+
+
 def _turn_as_the_server_reads_it(text: str, reading: Mapping[str, Any], token_ends: list[int], *, single_call: bool,
-                                  stop: list[str], include_stop: bool, armed_after: int) -> tuple[str, bool]:
+                                  stop: list[str], include_stop: bool, min_tokens: int) -> tuple[str, bool]:
     """(the start of the generated turn `text` that the server reads, whether the server ends the choice there): it
-    ends it at a header of another role (the model is inventing the next user turn or a tool result, P-HDR-8), with
-    `single_call` (`parallel_tool_calls=False`) at the first finished call, and at the first stop string in the answer
-    (P-REQ-2) that ends past character `armed_after` (server/choice_stream.py), after the token where it finds that
-    (`token_ends`: where each token's text ends in `text`). What the model wrote after that point (a call made for an
-    invented user turn, reasoning after the stop string) is no part of the reply. `reading`: OutputParser's
-    arguments. The turn is read a token at a time only where one of those ends it."""
+    ends it where `_ServerReading` says, after the token where it finds that (`token_ends`: where each token's text
+    ends in `text`). What the model wrote after that point (a call made for an invented user turn, reasoning after the
+    stop string) is no part of the reply. `reading`: OutputParser's arguments. The turn is read a token at a time
+    only where one of those ends it."""
     deltas, whole = _read_whole(text, reading)
     content = ParsedOutput.from_deltas(deltas).content
     breaks = _content_breaks(deltas) if stop else []
+    armed_after = _armed_after(token_ends, min_tokens, stop)
     if not (whole.other_role_header_seen or (single_call and (whole.valid_call_names or whole.unresolved_call_count))
             or _cut_at_stop(content, stop, include_stop, _unarmed_answer_characters(whole, armed_after),
                             breaks)[1] is not None):
         return text, False
-    parser = OutputParser(**reading)
-    longest = max((len(s) for s in stop), default=0)
-    content, start = "", 0
+    server = _ServerReading(reading, single_call=single_call, stop=stop, include_stop=include_stop,
+                            min_tokens=min_tokens)
+    start = 0
     for end in token_ends:
-        new_content = parser.feed(text[start:end]).content
-        start = end
-        if parser.other_role_header_seen or (single_call and (parser.valid_call_names or parser.unresolved_call_count)):
+        if server.feed(text[start:end]) is not None:
             return text[:end], True
-        if stop and new_content:
-            content += new_content
-            recent = content[-(longest + len(new_content)):]
-            if any(s in recent for s in stop) and _cut_at_stop(
-                    content, stop, include_stop, _unarmed_answer_characters(parser, armed_after),
-                    breaks)[1] is not None:
-                return text[:end], True
+        start = end
     return text, False
 
 
@@ -581,12 +653,15 @@ class LLM:
     def _run(self, call: str, prompts: list[_Prepared], params_list: list[SamplingParams],
              use_tqdm: bool | Callable[..., Any] | None, names: list[str],
              controller_factories: list[ControllerFactory | None] | None = None, generated: list[int] | None = None,
-             hidden: list[frozenset[int]] | None = None) -> list[RequestOutput]:
+             hidden: list[frozenset[int]] | None = None,
+             stop_readers: list[Callable[[], _ServerReading] | None] | None = None) -> list[RequestOutput]:
         """Generate every prompt. As vLLM's offline LLM, a max_tokens past max_model_len ends the output there
         (finish_reason "length"); only a prompt with no room for one token is refused. Errors about a prompt
         name it as the caller does, `names[i]` ("prompt", "prompts[1]", "messages", ...); `call` is the method
         the caller called ("generate", "chat", "beam_search"), which a refusal names. `generated` and
-        `hidden`, per prompt: LLMEngine.add_request's `generated` and `hidden_token_ids`. Calls from
+        `hidden`, per prompt: LLMEngine.add_request's `generated` and `hidden_token_ids`; `stop_readers`, per prompt:
+        what makes, per completion, the reading of its turn that ends it (aborted, finish_reason "abort") as soon as
+        a stop string ends its answer (`_ServerReading.ends_at_stop`), or None. Calls from
         several threads run one after another; a call made inside another on the same thread (from a `use_tqdm`
         callable) is refused, as it would wait for itself. Ctrl-C lands between queuing requests and between steps
         (`InterruptsBetweenSteps`), where no KV block is half taken or half freed."""
@@ -597,7 +672,7 @@ class LLM:
             self._running = (threading.get_ident(), call)
             try:
                 return self._run_alone(prompts, params_list, use_tqdm, names, interrupts, controller_factories,
-                                       generated, hidden)
+                                       generated, hidden, stop_readers)
             finally:
                 self._running = None
 
@@ -605,10 +680,12 @@ class LLM:
                    use_tqdm: bool | Callable[..., Any] | None, names: list[str], interrupts: InterruptsBetweenSteps,
                    controller_factories: list[ControllerFactory | None] | None,
                    generated: list[int] | None = None,
-                   hidden: list[frozenset[int]] | None = None) -> list[RequestOutput]:
+                   hidden: list[frozenset[int]] | None = None,
+                   stop_readers: list[Callable[[], _ServerReading] | None] | None = None) -> list[RequestOutput]:
         """`_run`, with no other call of this LLM stepping its engine; a Ctrl-C `interrupts` noted is raised after a
         request is queued or a step is taken in."""
         results: dict[str, RequestOutput] = {}
+        readings: dict[str, list[_ServerReading]] = {}  # per request that stop_readers read, each completion's
         order = []
         factories = controller_factories or [None] * len(prompts)
         bar = self._progress_bar(use_tqdm, len(prompts))
@@ -634,28 +711,23 @@ class LLM:
                              for i in range(params.n)],
                     metrics=RequestMetrics(arrival_time=arrival_time, last_token_time=arrival_time),
                 )
+                reader = stop_readers[i] if stop_readers else None
+                if reader is not None:
+                    readings[request_id] = [reader() for _ in range(params.n)]
                 interrupts.check()
             while self.engine.has_unfinished_requests:
                 deltas = self._step()
                 received = time.time()
                 for delta in deltas:
                     request = results[delta.request_id]
-                    request.metrics.record_delta(delta, received)
-                    out = request.outputs[delta.index]
-                    out.token_ids.extend(delta.token_ids)
-                    out.text += delta.text
-                    if out.logprobs is not None:
-                        out.logprobs.extend(PositionLogprobs(entry, self.engine.tokenizer) for entry in delta.logprobs)
-                    request.num_cached_tokens = delta.num_cached_tokens
-                    if delta.prompt_logprobs is not None and delta.index == 0:
-                        request.prompt_logprobs = [None if entry is None else PositionLogprobs(
-                            entry, self.engine.tokenizer) for entry in delta.prompt_logprobs]
-                    if delta.finish_reason is not None:
-                        out.finish_reason = delta.finish_reason
-                        out.stop_reason = delta.stop_reason
-                        if request.finished:
-                            request.metrics.finished_time = received
-                            bar.update(1)
+                    if request.outputs[delta.index].finished:  # ended by its stop string below, in this step
+                        continue
+                    self._receive(request, delta, received, bar)
+                    reading = readings.get(delta.request_id)
+                    if delta.finish_reason is None and reading is not None and reading[delta.index].ends_at_stop(delta):
+                        # the server's chat ends it there too, by the same abort (P-REQ-2)
+                        for final in self.engine.abort(delta.request_id, delta.index):
+                            self._receive(request, final, received, bar)
                 interrupts.check()
         except BaseException:
             for request_id in order:
@@ -664,6 +736,26 @@ class LLM:
         finally:
             bar.close()
         return [results[r] for r in order]
+
+    def _receive(self, request: RequestOutput, delta: StepDelta, received: float, bar: Any) -> None:
+        """Add the engine's `delta` of `request`, received at `received`, to its completion; `bar` counts the request
+        once all its completions ended."""
+        request.metrics.record_delta(delta, received)
+        out = request.outputs[delta.index]
+        out.token_ids.extend(delta.token_ids)
+        out.text += delta.text
+        if out.logprobs is not None:
+            out.logprobs.extend(PositionLogprobs(entry, self.engine.tokenizer) for entry in delta.logprobs)
+        request.num_cached_tokens = delta.num_cached_tokens
+        if delta.prompt_logprobs is not None and delta.index == 0:
+            request.prompt_logprobs = [None if entry is None else PositionLogprobs(
+                entry, self.engine.tokenizer) for entry in delta.prompt_logprobs]
+        if delta.finish_reason is not None:
+            out.finish_reason = delta.finish_reason
+            out.stop_reason = delta.stop_reason
+            if request.finished:
+                request.metrics.finished_time = received
+                bar.update(1)
 
     def _step(self) -> list[StepDelta]:
         """One engine step. A step that failed only by the requests' own fault (a constraint that failed while
@@ -732,8 +824,9 @@ class LLM:
         only, as on the server (P-REQ-2): reasoning and tool calls may hold them; the answer is cut at the first
         (`ChatOutput.stop_string` names it), and so is the raw turn (`outputs[0]`), as vLLM's generation ends at a
         stop string: its text before the stop string (through it with `include_stop_str_in_output`), its tokens
-        through the one the stop string ends in, finish_reason "stop" and the string as stop_reason (the engine
-        still generates the turn to its end or max_tokens, and the rest is dropped). As on the server (P-REQ-1),
+        through the one the stop string ends in, finish_reason "stop" and the string as stop_reason. The engine
+        reads each completion's answer as it generates it and ends the completion at that token, as the server
+        ends it (with `n` > 1, each its own). As on the server (P-REQ-1),
         the turn is generated with its special tokens, which the parser reads; `skip_special_tokens` then decides
         what the parsed reply shows: None (default) or True hides every special token but the framing, False
         hides none. A max_tokens past max_model_len ends the turn there (finish_reason "length"), as in vLLM.
@@ -822,23 +915,27 @@ class LLM:
         hidden = [frozenset() if turn.skip_special_tokens is False else self.engine.tokenizer.hidden_in_replies
                   for turn in chat_turns]
         names = ["messages"] if len(prepared) == 1 else [f"messages[{i}]" for i in range(len(prepared))]
+        # P-TMPL-8: a continued message's reply is read inside its channel, a tool's from the message's body
+        readings = [{"tools": plan.parser_tools, "continue_recipient": final.recipient if final else None,
+                     "continue_prefix": final.body if final else "", "verbatim_content": turn.constrained_answer}
+                    for turn, final in zip(chat_turns, continued, strict=True)]
+        # each completion ends where a stop string ends its answer, as the server's chat ends it (P-REQ-2)
+        stop_readers = [functools.partial(_ServerReading, reading, single_call=not parallel_tool_calls, stop=turn.stop,
+                                          include_stop=turn.include_stop, min_tokens=turn.params.min_tokens)
+                        if turn.stop else None for turn, reading in zip(chat_turns, readings, strict=True)]
         outputs = self._run("chat", prepared, [turn.params for turn in chat_turns], use_tqdm, names,
-                            [turn.controller_factory for turn in chat_turns], hidden=hidden)
+                            [turn.controller_factory for turn in chat_turns], hidden=hidden, stop_readers=stop_readers)
         chats = []
-        for number, (output, turn, final) in enumerate(zip(outputs, chat_turns, continued, strict=True)):
+        for number, (output, turn, reading) in enumerate(zip(outputs, chat_turns, readings, strict=True)):
             choices = []
             for completion in output.outputs:
                 pieces = _token_pieces(self.engine.tokenizer, completion.text, completion.token_ids, hidden[number])
                 text, token_ends = "".join(pieces), list(itertools.accumulate(map(len, pieces)))
-                # P-TMPL-8: a continued message's reply is read inside its channel, a tool's from the message's body
-                reading = {"tools": plan.parser_tools, "continue_recipient": final.recipient if final else None,
-                           "continue_prefix": final.body if final else "", "verbatim_content": turn.constrained_answer}
                 # with min_tokens, a stop string counts if it ends past the min_tokens-th token's text
-                min_tokens = min(turn.params.min_tokens, len(token_ends))
-                armed_after = token_ends[min_tokens - 1] if turn.stop and min_tokens else -1
+                armed_after = _armed_after(token_ends, turn.params.min_tokens, turn.stop)
                 read, ended_early = _turn_as_the_server_reads_it(
                     text, reading, token_ends, single_call=not parallel_tool_calls, stop=turn.stop,
-                    include_stop=turn.include_stop, armed_after=armed_after)
+                    include_stop=turn.include_stop, min_tokens=turn.params.min_tokens)
                 deltas, reader = _read_whole(read, reading)
                 parsed = ParsedOutput.from_deltas(deltas)
                 breaks = _content_breaks(deltas) if turn.stop else []

@@ -66,8 +66,11 @@ STOP_ACROSS_A_CALL = (" to=user<|message|>one HA<|eom|><|start|>assistant to=get
                       f"{WEATHER_CALL_BODY}<|eom|><|start|>assistant to=user<|message|>LT two<|eot|>")
 STOP_ACROSS_REASONING = (" to=user<|message|>one HA<|eom|><|start|>assistant to=self<|message|>Hmm.<|eom|>"
                          "<|start|>assistant to=user<|message|>LT two<|eot|>")
+LONG_AFTER_THE_STOP = (" to=self<|message|>HALT is a word I may think.<|eom|>"
+                       "<|start|>assistant to=user<|message|>one HALT" + " and then many more words" * 8 + "<|eot|>")
 SCRIPTS = {
     "[specials]": [WITH_MEDIA_MARKERS],
+    "[long-after-stop]": [LONG_AFTER_THE_STOP],
     "[stop-across-call]": [STOP_ACROSS_A_CALL],
     "[stop-across-reasoning]": [STOP_ACROSS_REASONING],
     "[reason-answer]": [REASON_THEN_ANSWER],
@@ -563,6 +566,66 @@ def test_llm_chat_raw_completion_ends_where_the_stop_string_ended_the_answer(ser
     assert (raw.token_ids, len(raw.logprobs)) == (free.token_ids[:tokens], tokens)
     assert (raw.finish_reason, raw.stop_reason) == ("stop", stop)
     assert (reply.stop_string, reply.finish_reason, reply.choices[0].outputs) == (stop, "stop", [raw])
+
+
+def _counting_sampled_tokens(llm, monkeypatch) -> list[int]:
+    """A list whose length is kept as the number of tokens the engine of `llm` samples from now on."""
+    sampled: list[int] = []
+    runner = llm.engine.runner
+    execute = runner.execute
+
+    def counted(step):
+        sampled.extend(i for i in range(len(step.seqs)) if step.samples(i))
+        return execute(step)
+
+    monkeypatch.setattr(runner, "execute", counted)
+    return sampled
+
+
+@pytest.mark.parametrize("n", [1, 3])
+@pytest.mark.parametrize("include", [False, True])
+def test_llm_chat_stops_generating_where_a_stop_string_ended_the_answer(client, server, llm, monkeypatch, n,
+                                                                        include):
+    """LLM.chat generated a turn a stop string ended to its end or max_tokens and dropped the rest (the raw outputs
+    and the answer were cut), so stop=["\n"] with max_tokens=4096 waited for thousands of tokens nobody reads, n times;
+    each completion now ends at the token the stop string ends in, as the server's chat ends it, with the outputs
+    the server gives for the same request (the reasoning's HALT ends nothing)."""
+    stop = ["HALT"]
+    script = LONG_AFTER_THE_STOP
+    through = _token_count(server, script[: script.index("HALT", script.rindex("<|message|>")) + len("HALT")])
+    request = _request("[long-after-stop]", stop=stop, n=n, logprobs=True, extra_body={
+        "chat_template_kwargs": PINNED_DATE, "include_stop_str_in_output": include})
+    served = client.chat.completions.create(**request)
+    sampled = _counting_sampled_tokens(llm, monkeypatch)
+    reply = llm.chat(request["messages"], SamplingParams(temperature=0, max_tokens=200, n=n, stop=stop, logprobs=0,
+                                                         include_stop_str_in_output=include),
+                     chat_template_kwargs=PINNED_DATE, use_tqdm=False)[0]
+    assert len(sampled) == n * through < n * _token_count(server, script)
+    assert served.usage.completion_tokens == n * through
+    for choice, served_choice in zip(reply.choices, served.choices, strict=True):
+        raw = choice.outputs[0]
+        answer = script.index("HALT", script.rindex("<|message|>")) + (len("HALT") if include else 0)
+        assert (raw.text, len(raw.token_ids), len(raw.logprobs)) == (script[:answer], through, through)
+        assert (raw.finish_reason, raw.stop_reason) == ("stop", "HALT")
+        assert (choice.reasoning, choice.content, choice.finish_reason, choice.stop_string) == (
+            served_choice.message.model_extra["reasoning_content"], served_choice.message.content,
+            served_choice.finish_reason, served_choice.model_extra["stop_reason"])
+        assert [entry.token_id for entry in raw.logprobs] == raw.token_ids
+        answer_tokens = served_choice.logprobs.content  # the raw turn ends with the answer's tokens
+        assert [entry.logprob for entry in raw.logprobs[-len(answer_tokens):]] == pytest.approx(
+            [entry.logprob for entry in answer_tokens])
+
+
+def test_llm_chat_generates_on_past_a_stop_string_in_the_reasoning(server, llm, monkeypatch):
+    """The stop string in the reasoning ends nothing (P-REQ-2): with no stop string in its answer the turn is
+    generated to its end, its raw output whole."""
+    sampled = _counting_sampled_tokens(llm, monkeypatch)
+    reply = llm.chat([{"role": "user", "content": "[long-after-stop] Go on."}],
+                     SamplingParams(temperature=0, max_tokens=200, stop=["think"]),
+                     chat_template_kwargs=PINNED_DATE, use_tqdm=False)[0]
+    assert reply.outputs[0].text == LONG_AFTER_THE_STOP
+    assert len(sampled) == len(reply.outputs[0].token_ids) == _token_count(server, LONG_AFTER_THE_STOP)
+    assert (reply.stop_string, reply.finish_reason, reply.outputs[0].finish_reason) == (None, "stop", "stop")
 
 
 def test_special_tokens_stay_out_of_reasoning_and_answer_unless_asked_for(client):
