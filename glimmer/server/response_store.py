@@ -7,8 +7,9 @@ as JSON: each response object, and each segment once, however many responses con
 after `max_age_s`; the oldest go first. A segment stays while a stored response holds it, as its own or down its
 chain: forgetting a response forgets its items only once no stored response continues it, so a response that is kept
 always has its whole conversation, and what the store holds is what it counts. An image a client named by a path or
-URL is kept, beside the item as sent, as the data it was read as (`rendered`): the later turns render the image the
-model saw, whatever the file or URL holds by then. A server restart forgets everything.
+URL is kept, beside the item as sent, as the bytes it was read as (`images_read`, counted as their length): the later
+turns render the image the model saw, whatever the file or URL holds by then, as a data: URL built when they read it.
+A server restart forgets everything.
 
 A response is stored when it ends; while it is generated the store knows it as in progress (`generating`), so that
 the routes naming it can tell a response not yet finished from one that does not exist.
@@ -16,18 +17,24 @@ the routes naming it can tell a response not yet finished from one that does not
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 
 def _json_bytes(value: Any) -> int:
     return len(json.dumps(value, ensure_ascii=False))
+
+
+# where an image part is in a segment's items: the item's index, the field holding its parts (a message's `content`,
+# a function_call_output's `output`) and the part's index there
+ImagePart = tuple[int, str, int]
 
 
 @dataclass(eq=False)
@@ -38,11 +45,19 @@ class _Segment:
     previous: _Segment | None
     size_bytes: int
     holders: int = 0  # the stored response it is the segment of, and the kept segments continuing it
-    rendered: list[dict[str, Any]] | None = None  # `items` as later turns render them, where that differs
+    images_read: Mapping[ImagePart, bytes] = field(default_factory=dict)  # `ResponseStore.put`'s
 
     @property
     def rendered_items(self) -> list[dict[str, Any]]:
-        return self.items if self.rendered is None else self.rendered
+        """`items` with each image of `images_read` in place as a data: URL of its bytes, built here, when a
+        continuation reads it: the store keeps the bytes, three quarters of their base64's size."""
+        rendered = list(self.items)
+        for (k, content, j), data in self.images_read.items():
+            parts = list(rendered[k][content])
+            url = "data:application/octet-stream;base64," + base64.b64encode(data).decode()
+            parts[j] = {**parts[j], "image_url": url}
+            rendered[k] = {**rendered[k], content: parts}
+        return rendered
 
 
 @dataclass(frozen=True)
@@ -60,7 +75,7 @@ class StoredResponse:
     @property
     def rendered_items(self) -> list[dict[str, Any]]:
         """`items` as a response continuing this one renders them: an image its client named by a path or URL is the
-        data it was read as when sent (`ResponseStore.put`'s `rendered`), whatever that file or URL holds now."""
+        data it was read as when sent (`ResponseStore.put`'s `images_read`), whatever that file or URL holds now."""
         return self._chain(rendered=True)
 
     def _chain(self, rendered: bool) -> list[dict[str, Any]]:
@@ -95,15 +110,17 @@ class ResponseStore:
         return self._size_bytes
 
     def put(self, response_id: str, items: list[dict[str, Any]], response: dict[str, Any],
-            previous: StoredResponse | None = None, rendered: list[dict[str, Any]] | None = None) -> None:
+            previous: StoredResponse | None = None, images_read: Mapping[ImagePart, bytes] | None = None) -> None:
         """Keep a response that added `items` (its own input items, then its output items) to the conversation of
         `previous`, the response it continues as it was read (held on even if forgotten since), in place of one
-        stored under its id (a client's `request_id` named both). `rendered`: `items` as the responses continuing it
-        render them, where they differ (counted too, the items that differ). One larger than the whole store is not
-        kept, nor one whose conversation is: the oldest responses go first, it too once no other is left."""
-        segment_bytes = _json_bytes(items) + sum(_json_bytes(own) for own, sent in zip(rendered or (), items,
-                                                                                      strict=False) if own is not sent)
-        segment = _Segment(items, previous.segment if previous is not None else None, segment_bytes, rendered=rendered)
+        stored under its id (a client's `request_id` named both). `images_read`: the bytes each image part a client
+        named by a path or URL was read as, by where the part is in `items`, which the responses continuing it render
+        (counted too, as their length). One larger than the whole store is not kept, nor one whose conversation is:
+        the oldest responses go first, it too once no other is left."""
+        images_read = dict(images_read or {})
+        segment_bytes = _json_bytes(items) + sum(len(data) for data in images_read.values())
+        segment = _Segment(items, previous.segment if previous is not None else None, segment_bytes,
+                           images_read=images_read)
         size = _json_bytes(response)
         with self._lock:
             replaced = self._entries.pop(response_id, None)

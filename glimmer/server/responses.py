@@ -42,10 +42,10 @@ from glimmer.server.responses_input import (
     MessageSource,
     chat_messages,
     continued_messages,
+    images_read,
     input_items,
     responses_error,
     sealed_reasoning,
-    with_media_read,
     with_sealed_reasoning,
 )
 from glimmer.server.responses_items import input_items_page, with_item_ids
@@ -460,9 +460,8 @@ class _ResponseRun:
         if self.request.store is not False:  # input items get their ids here, which they keep down the chain
             conversation = self.conversation
             own = with_item_ids(conversation.items[conversation.continued:])
-            rendered = with_media_read(own, conversation.sources, self.chat.prompt.media_read)
             self.store.put(self.id, own + response["output"], response, conversation.previous,
-                           rendered=None if rendered is None else rendered + response["output"])
+                           images_read=images_read(own, conversation.sources, self.chat.prompt.media_read))
 
     def event(self, payload: dict[str, Any]) -> str:
         payload = {**payload, "sequence_number": self.sequence_number}

@@ -50,6 +50,7 @@ from glimmer.multimodal.errors import MediaContextLengthError
 from glimmer.multimodal.sources import IMAGE_DETAILS, empty_url_error, file_id_error, image_detail_error
 from glimmer.protocol.request_normalization import refusal_part_text, tool_results_in_call_order
 from glimmer.server.chat_prompt import MediaLimitError
+from glimmer.server.response_store import ImagePart
 from glimmer.server.schemas import RESPONSES_NAMES_OF_CHAT_FIELDS
 
 _MESSAGE_ROLES = ("user", "system", "developer", "assistant")
@@ -108,23 +109,20 @@ _MEDIA_PART = re.compile(r"messages\[(\d+)\]\.content\[(\d+)\]$")
 _OWN_ITEM = re.compile(r"input\[(\d+)\]$")
 
 
-def with_media_read(items: list[dict[str, Any]], sources: list[MessageSource],
-                    media_read: dict[str, bytes]) -> list[dict[str, Any]] | None:
-    """The request's own input `items` with each image its client named by a path or URL in place as the data it was
-    read as (`media_read`: the bytes by the chat part, `ChatPrompt.media_read`), what the responses continuing it
-    render: the file or URL may hold another image by then (an agent's screenshot.png, overwritten each step), or
-    none. OpenAI keeps an input image so. The items that change are copies; None where none does."""
-    pinned = list(items)
+def images_read(items: list[dict[str, Any]], sources: list[MessageSource],
+                media_read: dict[str, bytes]) -> dict[ImagePart, bytes]:
+    """Where each image its client named by a path or URL is in the request's own input `items`, with the bytes it
+    was read as (`media_read`: the bytes by the chat part, `ChatPrompt.media_read`), what the responses continuing it
+    render (`ResponseStore.put`'s `images_read`): the file or URL may hold another image by then (an agent's
+    screenshot.png, overwritten each step), or none. OpenAI keeps an input image so."""
+    read: dict[ImagePart, bytes] = {}
     for param, data in media_read.items():
         part = _MEDIA_PART.match(param)
         own = _OWN_ITEM.match(sources[int(part[1])].path) if part is not None else None
         if own is None:  # an image of the chain is its data already
             continue
-        source, k, j = sources[int(part[1])], int(own[1]), int(part[2])
-        parts = list(pinned[k][source.content])
-        parts[j] = {**parts[j], "image_url": "data:application/octet-stream;base64," + base64.b64encode(data).decode()}
-        pinned[k] = {**pinned[k], source.content: parts}
-    return pinned if any(own is not sent for own, sent in zip(pinned, items, strict=True)) else None
+        read[int(own[1]), sources[int(part[1])].content, int(part[2])] = data
+    return read
 
 
 def continued_messages(sources: list[MessageSource]) -> dict[str, MessageGroup]:

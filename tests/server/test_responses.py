@@ -5,6 +5,7 @@ The network is scripted (`ScriptedRunner`): the model's turn is known, everythin
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import shutil
@@ -27,9 +28,9 @@ from glimmer.server.responses import OutputBuilder
 from glimmer.server.responses_input import (
     MessageSource,
     chat_messages,
+    images_read,
     responses_error,
     sealed_reasoning,
-    with_media_read,
 )
 
 WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "Current weather in a city.",
@@ -1726,38 +1727,38 @@ def test_a_response_continuing_one_forgotten_meanwhile_keeps_and_counts_its_conv
 
 
 def test_a_continuation_renders_the_images_a_response_read_and_lists_them_as_sent():
-    """An image named by a path or URL is kept as the data it was read as (`rendered`), which the responses continuing
-    its response render and the store counts, the items that differ beside those sent; input_items lists them as
+    """An image named by a path or URL is kept as the bytes it was read as (`images_read`), which the responses
+    continuing its response render as a data: URL and the store counts as their length: kept as base64 text, it was
+    counted at 4/3 of the file, and a response whose image fitted the store was dropped. input_items lists it as
     sent."""
-    store = ResponseStore(max_bytes=10_000, max_age_s=10)
+    data = bytes(range(256)) * 8
+    store = ResponseStore(max_bytes=2_600, max_age_s=10)
     sent = [{"id": "msg_1", "role": "user", "content": [{"type": "input_image", "image_url": "/shots/now.png"}]},
             {"id": "msg_2", "role": "assistant", "content": "a cat"}]
-    read = [{**sent[0], "content": [{"type": "input_image", "image_url": "data:application/octet-stream;base64,AA=="}]},
-            sent[1]]
-    store.put("a", sent, {"id": "a", "output": [sent[1]]}, rendered=read)
+    read = [{**sent[0], "content": [{"type": "input_image", "image_url": "data:application/octet-stream;base64,"
+                                     + base64.b64encode(data).decode()}]}, sent[1]]
+    response = {"id": "a", "output": [sent[1]]}
+    store.put("a", sent, response, images_read={(0, "content", 0): data})
     kept = store.get("a")
-    assert kept.rendered_items == read and kept.items == sent and kept.input_items == sent[:1]
-    assert kept.segment.size_bytes == len(json.dumps(sent)) + len(json.dumps(read[0]))
+    assert kept is not None and kept.rendered_items == read and kept.items == sent and kept.input_items == sent[:1]
+    assert kept.segment.size_bytes == len(json.dumps(sent)) + len(data)
+    assert store.size_bytes == kept.segment.size_bytes + len(json.dumps(response))
     store.put("b", [{"id": "msg_3", "role": "user", "content": "and?"}], {"id": "b", "output": []}, kept)
     assert store.get("b").rendered_items == [*read, {"id": "msg_3", "role": "user", "content": "and?"}]
 
 
-def test_an_image_read_from_a_path_is_kept_in_the_item_as_the_data_read():
-    """with_media_read puts the bytes each part was read as (by its chat part) in the request's own items: a user
-    message's content, a function_call_output's output (the chain's images are their data already)."""
+def test_an_image_read_from_a_path_is_kept_by_where_it_is_in_the_items():
+    """images_read says where in the request's own items each part read from a path or URL is (by its chat part): a
+    user message's content, a function_call_output's output (the chain's images are their data already)."""
     items = [{"role": "user", "content": [{"type": "input_text", "text": "[greet]"},
                                           {"type": "input_image", "image_url": "/shots/a.png", "detail": "low"}]},
              {"type": "function_call", "call_id": "c1", "name": "snap", "arguments": "{}"},
              {"type": "function_call_output", "call_id": "c1", "output": [{**IMAGE, "image_url": "/shots/b.png"}]}]
     sources: list[MessageSource] = []
     chat_messages(items, "Be brief.", sources)
-    pinned = with_media_read(items, sources, {"messages[1].content[1]": b"\x89PNG", "messages[3].content[0]": b"GIF8"})
-    assert pinned[0]["content"] == [items[0]["content"][0], {"type": "input_image", "detail": "low",
-                                    "image_url": "data:application/octet-stream;base64,iVBORw=="}]
-    assert pinned[1] is items[1] and pinned[2]["output"] == [{**IMAGE, "image_url":
-                                                              "data:application/octet-stream;base64,R0lGOA=="}]
-    assert items[0]["content"][1]["image_url"] == "/shots/a.png"  # the request's own items stay as sent
-    assert with_media_read(items, sources, {}) is None
+    read = images_read(items, sources, {"messages[1].content[1]": b"\x89PNG", "messages[3].content[0]": b"GIF8"})
+    assert read == {(0, "content", 1): b"\x89PNG", (2, "output", 0): b"GIF8"}
+    assert images_read(items, sources, {}) == {}
 
 
 def test_an_expired_response_lends_no_reasoning_item_by_its_id():
