@@ -20,12 +20,15 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import logging
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 
 def _json_bytes(value: Any) -> int:
@@ -110,13 +113,14 @@ class ResponseStore:
         return self._size_bytes
 
     def put(self, response_id: str, items: list[dict[str, Any]], response: dict[str, Any],
-            previous: StoredResponse | None = None, images_read: Mapping[ImagePart, bytes] | None = None) -> None:
+            previous: StoredResponse | None = None, images_read: Mapping[ImagePart, bytes] | None = None) -> bool:
         """Keep a response that added `items` (its own input items, then its output items) to the conversation of
         `previous`, the response it continues as it was read (held on even if forgotten since), in place of one
         stored under its id (a client's `request_id` named both). `images_read`: the bytes each image part a client
         named by a path or URL was read as, by where the part is in `items`, which the responses continuing it render
         (counted too, as their length). One larger than the whole store is not kept, nor one whose conversation is:
-        the oldest responses go first, it too once no other is left."""
+        the oldest responses go first, it too once no other is left. Whether it was kept; where not, a warning says
+        why (its answer says `store: false`)."""
         images_read = dict(images_read or {})
         segment_bytes = _json_bytes(items) + sum(len(data) for data in images_read.values())
         segment = _Segment(items, previous.segment if previous is not None else None, segment_bytes,
@@ -127,7 +131,9 @@ class ResponseStore:
             if replaced is not None:
                 self._forget(replaced)
             if size + segment.size_bytes > self.max_bytes:
-                return
+                logger.warning("response %s not stored: %s bytes, more than the store's bound of %s bytes",
+                               response_id, f"{size + segment.size_bytes:,}", f"{self.max_bytes:,}")
+                return False
             entry = StoredResponse(response, segment, size, self._clock())
             self._entries[response_id] = entry
             self._output_items.update((item["id"], entry) for item in response.get("output", ()) if item.get("id"))
@@ -135,6 +141,11 @@ class ResponseStore:
             self._hold(segment)
             while self._size_bytes > self.max_bytes:
                 self._evict_oldest()
+            if response_id not in self._entries:
+                logger.warning("response %s not stored: with the conversation it continues, more than the store's "
+                               "bound of %s bytes", response_id, f"{self.max_bytes:,}")
+                return False
+            return True
 
     def get(self, response_id: str) -> StoredResponse | None:
         """The stored response, or None if it was never stored, was evicted or is older than max_age_s."""

@@ -456,12 +456,17 @@ class _ResponseRun:
             return contextlib.nullcontext()
         return self.store.generating(self.id, lambda: self.snapshot("in_progress"))
 
-    def keep(self, response: dict[str, Any]) -> None:
-        if self.request.store is not False:  # input items get their ids here, which they keep down the chain
-            conversation = self.conversation
-            own = with_item_ids(conversation.items[conversation.continued:])
-            self.store.put(self.id, own + response["output"], response, conversation.previous,
-                           images_read=images_read(own, conversation.sources, self.chat.prompt.media_read))
+    def keep(self, response: dict[str, Any]) -> dict[str, Any]:
+        """`response`, stored if it is to be; where the store cannot hold it (ResponseStore.put), saying `store: false`,
+        as a response not stored does: answered `store: true`, a GET and a continuation were 404 and
+        previous_response_not_found without a word."""
+        if self.request.store is False:
+            return response
+        conversation = self.conversation
+        own = with_item_ids(conversation.items[conversation.continued:])  # ids they keep down the chain
+        kept = self.store.put(self.id, own + response["output"], response, conversation.previous,
+                              images_read=images_read(own, conversation.sources, self.chat.prompt.media_read))
+        return response if kept else {**response, "store": False}
 
     def event(self, payload: dict[str, Any]) -> str:
         payload = {**payload, "sequence_number": self.sequence_number}
@@ -663,8 +668,7 @@ async def _collect(run: _ResponseRun, first: StepDelta, stream: AsyncIterator[St
                 raise responses_error(exc, run.conversation.sources) from None
         status = run.final_status()
         run.close_output(status)
-        response = run.snapshot(status)
-        run.keep(response)
+        response = run.keep(run.snapshot(status))
         return response
 
 
@@ -681,8 +685,7 @@ async def _stream(run: _ResponseRun, first: StepDelta, stream: AsyncIterator[Ste
                 status = run.final_status()
                 for event in run.close_output(status):
                     yield run.event(event)
-                response = run.snapshot(status)
-                run.keep(response)
+                response = run.keep(run.snapshot(status))
                 yield run.event({"type": f"response.{status}", "response": response})
             except Exception as exc:  # the status line is sent: report the error as events
                 if isinstance(exc, RequestError):  # a constraint that failed while generating names the chat field
@@ -700,5 +703,6 @@ async def _stream(run: _ResponseRun, first: StepDelta, stream: AsyncIterator[Ste
                 failed = run.snapshot("failed", {"code": code,
                                                  "message": error["message"], "param": error["param"],
                                                  "type": error["type"]})
-                run.keep(failed)  # as OpenAI keeps it: its id came with response.created, and GET gives it failed
+                # as OpenAI keeps it: its id came with response.created, and GET gives it failed
+                failed = run.keep(failed)
                 yield run.event({"type": "response.failed", "response": failed})

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import logging
 import shutil
 import threading
 import time
@@ -1274,6 +1275,27 @@ def test_a_kept_response_keeps_its_whole_conversation_when_those_it_continues_ar
         assert store.size_bytes == 0 and len(store) == 0
 
 
+def test_a_response_larger_than_the_store_says_it_was_not_stored(make_tiny, caplog):
+    """A response larger than the whole store is not kept: it was answered `store: true`, then GET was a 404 and
+    continuing it previous_response_not_found, without a word. Its answer (and its stream's last event) says
+    `store: false`, as a response not stored does, and the server logs why."""
+    with agent_server(make_tiny(), responses_store_bytes=3_000) as live:
+        client = openai.OpenAI(base_url=live.base_url, api_key="unused", max_retries=0)
+        long_input = "[greet] " + "Hi. " * 400
+        kept = _create(client, input="[greet] Hi")
+        assert kept.store is True and client.responses.retrieve(kept.id).id == kept.id
+        with caplog.at_level(logging.WARNING, logger="glimmer.server.response_store"):
+            answered = _create(client, input=long_input)
+        assert answered.status == "completed" and answered.store is False
+        assert any(answered.id in record.getMessage() and "3,000" in record.getMessage() for record in caplog.records)
+        with pytest.raises(openai.NotFoundError):
+            client.responses.retrieve(answered.id)
+        events = list(_create(client, input=long_input, stream=True))
+        assert events[0].response.store is True  # created: it is stored when it ends, if it fits
+        assert events[-1].type == "response.completed" and events[-1].response.store is False
+        assert client.responses.retrieve(kept.id).id == kept.id  # the store was left as it was
+
+
 def test_a_stored_response_can_be_deleted_as_openai_deletes_them(server, client):
     """DELETE /v1/responses/{id} (the SDK's `responses.delete`) was a 405."""
     response = _create(client, input="[greet] Hi")
@@ -1724,6 +1746,18 @@ def test_a_response_continuing_one_forgotten_meanwhile_keeps_and_counts_its_conv
     assert store.get("a") is None and store.size_bytes == read.segment.size_bytes + kept.size_bytes + \
         kept.segment.size_bytes
     assert store.delete("b") and store.size_bytes == 0
+
+
+def test_the_store_says_whether_it_kept_a_response():
+    """put is False for a response larger than the store, and for one whose conversation is, which evicts the rest
+    before it; the answer says `store: false` by it."""
+    store = ResponseStore(max_bytes=300, max_age_s=10)
+    item = {"id": "msg_1", "role": "user", "content": "x" * 100}
+    assert store.put("a", [item], {"id": "a", "output": []})
+    assert not store.put("big", [{**item, "content": "x" * 300}], {"id": "big", "output": []})
+    assert store.get("a") is not None and store.get("big") is None
+    assert not store.put("b", [{**item, "id": "msg_2"}], {"id": "b", "output": []}, store.get("a"))
+    assert store.get("b") is None and store.size_bytes == 0
 
 
 def test_a_continuation_renders_the_images_a_response_read_and_lists_them_as_sent():
