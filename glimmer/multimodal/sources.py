@@ -127,15 +127,31 @@ def _decode_data_url(url: str, kind: str, index: int, policy: MediaFetchPolicy) 
 
 
 _EXAMPLE_MIME = {"image": "image/png", "video": "video/mp4"}
+# what of a path's text is read to tell base64 of an image from a path: enough for an image's header (the formats'
+# own, and a JPEG's metadata before its frame's), a bounded look whatever the text's length
+_BASE64_PREFIX_CHARS = 65_536
+
+
+def _starts_as_base64_of_media(text: str, kind: str) -> bool:
+    """Whether `text` is base64 of an image (or video, as `kind` says), by its first `_BASE64_PREFIX_CHARS`
+    characters, cut to whole groups of 4 (`_is_base64_of_media`)."""
+    if len(text) <= _BASE64_PREFIX_CHARS:
+        return _is_base64_of_media(text, kind)
+    prefix = text[:_BASE64_PREFIX_CHARS].translate(_BASE64_WHITESPACE)
+    return _is_base64_of_media(prefix[:len(prefix) // 4 * 4], kind)
 
 
 def _read_local(path_text: str, kind: str, index: int, policy: MediaFetchPolicy) -> bytes:
     payload = path_text.rpartition(",")[2]  # after a header without its `data:` (`image/png;base64,`, `data;...`)
-    if len(payload) <= policy.max_bytes * 4 // 3 + 4 and _is_base64_of_media(payload, kind):
+    if _starts_as_base64_of_media(payload, kind):
         # no file's name: read as a path, it was "local files are not allowed; allow a directory ..."
-        raise _error(kind, index, f"this is base64 of {'an' if kind == 'image' else 'a'} {kind}, not a path or a URL: "
-                                  f"send it as a data: URL, data:{_EXAMPLE_MIME[kind]};base64,<data> (with the "
-                                  f"{kind}'s own MIME type)")
+        what = f"{'an' if kind == 'image' else 'a'} {kind}"
+        if len(payload.translate(_BASE64_WHITESPACE)) > policy.max_bytes * 4 // 3 + 4:
+            raise _error(kind, index, f"this is base64 of {what} larger than the limit of {policy.max_bytes:,} bytes, "
+                                      f"not a path or a URL: send a smaller one as a data: URL, "
+                                      f"data:{_EXAMPLE_MIME[kind]};base64,<data> (with the {kind}'s own MIME type)")
+        raise _error(kind, index, f"this is base64 of {what}, not a path or a URL: send it as a data: URL, "
+                                  f"data:{_EXAMPLE_MIME[kind]};base64,<data> (with the {kind}'s own MIME type)")
     if not policy.allowed_local_paths:
         raise _error(kind, index, "local files are not allowed; allow a directory with --allowed-local-media-path "
                                   "(glimmer serve) or LLM(..., allowed_local_media_path=[...]) (Python)")

@@ -260,6 +260,23 @@ def test_base64_of_an_image_sent_without_its_data_url_header_is_refused_saying_s
                                  "data:image/png;base64,<data> (with the image's own MIME type)")
 
 
+@pytest.mark.parametrize("allowed", [False, True])
+@pytest.mark.parametrize("header", ["", "image/png;base64,"])
+def test_base64_of_an_image_larger_than_the_limit_is_refused_as_base64_too_large(tmp_path, allowed, header):
+    """Base64 longer than the limit's took no look at what it was: it was refused as a path, "local files are not
+    allowed; allow ... --allowed-local-media-path". Its first characters say it is base64 of an image, and the
+    refusal says that image is larger than the limit."""
+    image = io.BytesIO()
+    Image.effect_noise((512, 512), 100).save(image, format="PNG")  # noise: a PNG of a quarter megabyte
+    policy = MediaFetchPolicy.create([tmp_path] if allowed else [], max_bytes=1000)
+    assert len(image.getvalue()) > 1000
+    with pytest.raises(RequestError) as raised:
+        load_media_reference(header + base64.b64encode(image.getvalue()).decode(), "image", 0, policy)
+    assert str(raised.value) == ("image 0: this is base64 of an image larger than the limit of 1,000 bytes, not a "
+                                 "path or a URL: send a smaller one as a data: URL, data:image/png;base64,<data> (with "
+                                 "the image's own MIME type)")
+
+
 def test_remote_fetching_is_off_unless_enabled():
     with pytest.raises(RequestError, match="--allow-remote-media"):
         load_media_reference("https://example.com/cat.png", "image", 0, MediaFetchPolicy())
@@ -292,7 +309,6 @@ def test_a_media_part_without_its_path_names_it_with_its_article(kind, named):
     assert str(missing.value) == f"{named} has no {kind}, {kind}_url.url or url field"
 
 
-
 def test_an_input_image_file_id_is_refused_naming_it_even_beside_its_image_url():
     """vLLM's chat takes the Responses API's input_image parts, whose file_id names an uploaded file; Glimmer has no
     Files API, and beside an image_url the file id was dropped without a word."""
@@ -306,6 +322,7 @@ def test_an_input_image_file_id_is_refused_naming_it_even_beside_its_image_url()
         media_from_part({"type": "image", "file_id": "f-1"})
     assert unnamed.value.param == "messages"
     assert media_from_part({"type": "image", "image_url": "/tmp/cat.png", "file_id": None}) == ("image", "/tmp/cat.png")
+
 
 def test_an_image_url_without_its_url_names_the_missing_field():
     """Audit: `{"image_url": {}}` used to fail later as "unsupported image input of type NoneType"."""
