@@ -18,7 +18,7 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import unquote, unquote_to_bytes, urlparse
 
 from glimmer.cancellation import CancelToken
@@ -30,7 +30,7 @@ from glimmer.multimodal.settings import MediaFetchPolicy
 from glimmer.multimodal.video import is_video_data
 from glimmer.protocol.request_normalization import MEDIA_PART_TYPES, tool_results_in_call_order
 
-__all__ = ["MEDIA_KINDS", "MediaFetchPolicy", "collect_media", "load_media_reference", "media_from_part",
+__all__ = ["MEDIA_KINDS", "MediaFetchPolicy", "MediaPart", "collect_media", "load_media_reference", "media_from_part",
            "media_kind", "media_part_paths", "media_parts", "naming_media_parts"]
 
 logger = logging.getLogger(__name__)
@@ -336,12 +336,20 @@ def empty_url_error(field: str, param: str) -> RequestError:
     return RequestError(f"{field} is empty; send a data: URL, a local path or an http(s) URL", param=param)
 
 
-def media_parts(messages: Sequence[Mapping[str, Any]]) -> Iterator[tuple[str, str, Mapping[str, Any]]]:
-    """(kind, path, part) of every image and video part in the order the template renders their placeholders:
-    message order, tool results in their calls' order (`tool_results_in_call_order`, as normalization puts them).
-    `messages` as the client sent them (`image_url` parts), so that each path (`messages[i].content[j]`) points into
-    the request: normalization merges developer messages into the system message, which shifts the messages after
-    them. Each part comes with its normalized type (`image`, `video`)."""
+class MediaPart(NamedTuple):
+    """An image or video content part of a chat's messages, as `media_parts` finds it."""
+
+    kind: str  # `image` or `video`
+    path: str  # `messages[i].content[j]`, which an error names
+    part: Mapping[str, Any]  # the part, with its normalized type (`image`, `video`)
+    at: tuple[int, int]  # (i, j): the message's index, the part's index in its content
+
+
+def media_parts(messages: Sequence[Mapping[str, Any]]) -> Iterator[MediaPart]:
+    """Every image and video part in the order the template renders their placeholders: message order, tool results
+    in their calls' order (`tool_results_in_call_order`, as normalization puts them). `messages` as the client sent
+    them (`image_url` parts), so that each path (`messages[i].content[j]`) points into the request: normalization
+    merges developer messages into the system message, which shifts the messages after them."""
     for i in tool_results_in_call_order(messages):
         message = messages[i]
         content = message.get("content") if isinstance(message, Mapping) else None
@@ -349,7 +357,7 @@ def media_parts(messages: Sequence[Mapping[str, Any]]) -> Iterator[tuple[str, st
             for j, part in enumerate(content):
                 kind = media_kind(part)
                 if kind is not None:
-                    yield kind, f"messages[{i}].content[{j}]", {**part, "type": kind}
+                    yield MediaPart(kind, f"messages[{i}].content[{j}]", {**part, "type": kind}, (i, j))
 
 
 def media_kind(part: Any) -> str | None:
@@ -363,8 +371,8 @@ def collect_media(messages: list[Mapping[str, Any]]) -> list[tuple[str, Any]]:
     """Every (kind, reference) of `messages` (as sent, see `media_parts`) in the order the template renders their
     placeholders. Raises RequestError naming the part (`messages[i].content[j]`) that has no reference."""
     found = []
-    for _, path, part in media_parts(messages):
-        media = media_from_part(part, path)
+    for found_part in media_parts(messages):
+        media = media_from_part(found_part.part, found_part.path)
         if media is not None:
             found.append(media)
     return found
@@ -374,8 +382,8 @@ def media_part_paths(messages: Sequence[Mapping[str, Any]]) -> dict[str, list[st
     """The content part path (`messages[i].content[j]`) of each image and each video, by kind, in order:
     `media_part_paths(messages)["image"][n]` is where image n came from."""
     paths: dict[str, list[str]] = {kind: [] for kind in MEDIA_KINDS}
-    for kind, path, _ in media_parts(messages):
-        paths[kind].append(path)
+    for media in media_parts(messages):
+        paths[media.kind].append(media.path)
     return paths
 
 

@@ -75,9 +75,9 @@ class ChatPrompt:
     continue_prefix: str = ""  # and that message's body in the prompt, which a tool channel's parse starts from
     rendering: ChatRendering | None = None  # how it was rendered, to measure its parts (`prompt_parts`)
     # with ResponsesTurn.keep_media_read, the bytes each image part named by a path or URL (not a data: URL) was
-    # read as, by the part's path (`messages[i].content[j]`): what a stored response keeps of it, the file or URL
-    # being free to change
-    media_read: dict[str, bytes] = field(default_factory=dict)
+    # read as, by where the part is, (i, j) of `messages[i].content[j]`: what a stored response keeps of it, the
+    # file or URL being free to change
+    media_read: dict[tuple[int, int], bytes] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -276,9 +276,9 @@ def prompt_threads(messages: Any, context: ServingContext) -> CapacityLimiter | 
     (None). A part with no reference is left for `load_media` to refuse."""
     if not context.settings.media_policy.allows_remote or not isinstance(messages, list):
         return None
-    for _, path, part in media_parts(messages):
+    for media_part in media_parts(messages):
         try:
-            media = media_from_part(part, path)
+            media = media_from_part(media_part.part, media_part.path)
         except RequestError:
             continue
         if media is not None and is_remote_reference(media[1]):
@@ -297,10 +297,10 @@ class MediaLimitError(RequestError):
 
 
 def load_media(messages: list[Mapping[str, Any]], context: ServingContext, cancel: CancelToken | None = None, *,
-               keep_read: bool = False) -> tuple[list[Any], list[Any], dict[str, bytes]]:
+               keep_read: bool = False) -> tuple[list[Any], list[Any], dict[tuple[int, int], bytes]]:
     """The images and videos of the messages (as the client sent them, so that an error names the client's part),
     in the order the template renders their placeholders, and with `keep_read` the bytes read for each image part
-    naming a path or URL other than a data: URL, by its path (`ChatPrompt.media_read`; otherwise none are kept: an
+    naming a path or URL other than a data: URL, by where it is (`ChatPrompt.media_read`; otherwise none are kept: an
     image's file can be far larger than what the prompt holds of it).
 
     Raises RequestError naming the part: on a model without a vision tower, over the per-request limits,
@@ -309,10 +309,10 @@ def load_media(messages: list[Mapping[str, Any]], context: ServingContext, cance
     """
     settings = context.settings
     references: list[tuple[Any, str, int]] = []  # load_media_reference's first arguments: the item's index by kind
-    params: list[str] = []  # the part of each reference
+    places: list[tuple[int, int]] = []  # where the part of each reference is (`MediaPart.at`)
     counted: dict[str, list[str]] = {"image": [], "video": []}  # the parts of each kind taken so far
     limits = {"image": settings.max_images_per_request, "video": settings.max_videos_per_request}
-    for kind, param, part in media_parts(messages):
+    for kind, param, part, at in media_parts(messages):
         if not context.model_has_vision:
             raise RequestError(f"{param}: this model has no vision tower, so it cannot take {kind} input"
                                f"{context.no_vision_fix}",
@@ -326,15 +326,14 @@ def load_media(messages: list[Mapping[str, Any]], context: ServingContext, cance
                                   f"--max-{kind}s-per-request, or --limit-mm-per-prompt)", param=param, kind=kind,
                                   counted=tuple(counted[kind]))
         references.append((reference, kind, len(counted[kind])))
-        params.append(param)
+        places.append(at)
         counted[kind].append(param)
     found: dict[str, list[Any]] = {"image": [], "video": []}
-    read: dict[str, bytes] = {}
-    for (reference, kind, _), param, item in zip(references, params, _loaded(references, context, cancel),
-                                                strict=True):
+    read: dict[tuple[int, int], bytes] = {}
+    for (reference, kind, _), at, item in zip(references, places, _loaded(references, context, cancel), strict=True):
         found[kind].append(item)
         if keep_read and kind == "image" and isinstance(reference, str) and url_scheme(reference) != "data":
-            read[param] = item
+            read[at] = item
     return found["image"], found["video"], read
 
 

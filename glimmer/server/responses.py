@@ -465,7 +465,7 @@ class _ResponseRun:
         conversation = self.conversation
         own = with_item_ids(conversation.items[conversation.continued:])  # ids they keep down the chain
         kept = self.store.put(self.id, own + response["output"], response, conversation.previous,
-                              images_read=images_read(own, conversation.sources, self.chat.prompt.media_read))
+                              images_read=images_read(conversation.sources, self.chat.prompt.media_read))
         return response if kept else {**response, "store": False}
 
     def event(self, payload: dict[str, Any]) -> str:

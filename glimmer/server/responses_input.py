@@ -77,6 +77,7 @@ class MessageSource:
     tool_calls: list[str] = field(default_factory=list)
     content: str = "content"  # the item's field that became the message's content (a function_call_output's output)
     images: int = 0  # the image parts of that content
+    own_item: int | None = None  # the index of its item in the request's own input; None for one of the chain
 
 
 _MESSAGE_PARAM = re.compile(r"messages\[(\d+)\](?:\.tool_calls\[(\d+)\](?:\.function)?)?")
@@ -105,24 +106,13 @@ def responses_error(error: RequestError, sources: list[MessageSource]) -> Reques
     return error.with_message(message, renamed)
 
 
-_MEDIA_PART = re.compile(r"messages\[(\d+)\]\.content\[(\d+)\]$")
-_OWN_ITEM = re.compile(r"input\[(\d+)\]$")
-
-
-def images_read(items: list[dict[str, Any]], sources: list[MessageSource],
-                media_read: dict[str, bytes]) -> dict[ImagePart, bytes]:
-    """Where each image its client named by a path or URL is in the request's own input `items`, with the bytes it
-    was read as (`media_read`: the bytes by the chat part, `ChatPrompt.media_read`), what the responses continuing it
-    render (`ResponseStore.put`'s `images_read`): the file or URL may hold another image by then (an agent's
-    screenshot.png, overwritten each step), or none. OpenAI keeps an input image so."""
-    read: dict[ImagePart, bytes] = {}
-    for param, data in media_read.items():
-        part = _MEDIA_PART.match(param)
-        own = _OWN_ITEM.match(sources[int(part[1])].path) if part is not None else None
-        if own is None:  # an image of the chain is its data already
-            continue
-        read[int(own[1]), sources[int(part[1])].content, int(part[2])] = data
-    return read
+def images_read(sources: list[MessageSource], media_read: dict[tuple[int, int], bytes]) -> dict[ImagePart, bytes]:
+    """Where each image its client named by a path or URL is in the request's own input items (`MessageSource`'s
+    `own_item`), with the bytes it was read as (`media_read`: by the chat part's place, `ChatPrompt.media_read`), what
+    the responses continuing it render (`ResponseStore.put`'s `images_read`): the file or URL may hold another image
+    by then (an agent's screenshot.png, overwritten each step), or none. OpenAI keeps an input image so."""
+    return {(sources[i].own_item, sources[i].content, j): data for (i, j), data in media_read.items()
+            if sources[i].own_item is not None}  # an image of the chain is its data already
 
 
 def continued_messages(sources: list[MessageSource]) -> dict[str, MessageGroup]:
@@ -228,7 +218,8 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
         return assistant
 
     for i, item in enumerate(items):
-        where = f"input[{i - continued}]" if i >= continued else _CHAIN
+        own_item = i - continued if i >= continued else None
+        where = _CHAIN if own_item is None else f"input[{own_item}]"
         kind = item.get("type", "message")
         _refuse_unknown_fields(item, kind, where)
         item_id = item.get("id")
@@ -283,7 +274,7 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
             _check_phase(item, role, where)
             content = _content(item.get("content"), where)
             messages.append({"role": role, "content": content})
-            origins.append(MessageSource(where, images=_images_in(content)))
+            origins.append(MessageSource(where, images=_images_in(content), own_item=own_item))
             sent = chain_as_sent[i] if chain_as_sent is not None and i < continued else item
             echo.read_message(role, content if sent is item else _content(sent.get("content"), where), where)
         elif kind == "function_call_output":
@@ -319,7 +310,8 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
             messages.append({"role": "tool", "tool_call_id": call_id,
                              "content": _parts(output, f"{where}.output") if has_image
                              else _text_of(output, f"{where}.output", "text and input_image parts")})
-            origins.append(MessageSource(where, content="output", images=_images_in(messages[-1]["content"])))
+            origins.append(MessageSource(where, content="output", images=_images_in(messages[-1]["content"]),
+                                         own_item=own_item))
             echo.read_new(where)
         else:
             raise RequestError(f"{where}.type: input items of type {kind!r} are not supported (message, reasoning, "

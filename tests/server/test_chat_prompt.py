@@ -358,7 +358,7 @@ def test_only_a_prompt_asked_to_keeps_the_bytes_its_images_were_read_as(vision_e
     built = request(messages=messages, chat_template_kwargs=DATE)
     assert build_chat_prompt(built, served).media_read == {}
     kept = build_chat_prompt(built, served, turn=ResponsesTurn({}, keep_media_read=True)).media_read
-    assert kept == {"messages[0].content[0]": photo.read_bytes()}  # a data: URL is its data already
+    assert kept == {(0, 0): photo.read_bytes()}  # by (message, part); a data: URL is its data already
 
 
 def test_a_continued_message_with_an_image_after_its_text_is_refused_naming_the_part(vision_engine):

@@ -1790,9 +1790,9 @@ def test_an_image_read_from_a_path_is_kept_by_where_it_is_in_the_items():
              {"type": "function_call_output", "call_id": "c1", "output": [{**IMAGE, "image_url": "/shots/b.png"}]}]
     sources: list[MessageSource] = []
     chat_messages(items, "Be brief.", sources)
-    read = images_read(items, sources, {"messages[1].content[1]": b"\x89PNG", "messages[3].content[0]": b"GIF8"})
+    read = images_read(sources, {(1, 1): b"\x89PNG", (3, 0): b"GIF8"})
     assert read == {(0, "content", 1): b"\x89PNG", (2, "output", 0): b"GIF8"}
-    assert images_read(items, sources, {}) == {}
+    assert images_read(sources, {}) == {}
 
 
 def test_an_expired_response_lends_no_reasoning_item_by_its_id():
