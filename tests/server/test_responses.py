@@ -995,7 +995,6 @@ def test_a_forced_call_cut_short_before_it_is_written_fails_as_tool_choice_unsat
     assert done["item"] == failed["response"]["output"][-1] and lines.index(done) < lines.index(error)
 
 
-
 def _input_leaving(server, room: int) -> tuple[str, int]:
     """An input text whose prompt (with WEATHER_TOOL) leaves at most `room` tokens of the context, and what it
     leaves."""
@@ -1033,6 +1032,7 @@ def test_an_input_that_leaves_less_room_than_the_shortest_forced_call_is_a_400_n
         _create(client, input=text, tools=[WEATHER_TOOL], tool_choice="required")
     assert (refused.value.body["code"], refused.value.body["param"]) == ("context_length_exceeded", "input")
     assert f"leaves {room} for the reply" in refused.value.body["message"]
+
 
 LOGPROBS = ["message.output_text.logprobs"]
 
@@ -1629,7 +1629,6 @@ def test_an_input_image_detail_openai_does_not_know_is_refused_naming_it():
     assert refused.value.param == "input[0].content[1].detail"
 
 
-
 @pytest.mark.parametrize("part", [{"type": "input_image", "file_id": "file-abc"}, {**IMAGE, "file_id": "file-abc"},
                                   {**IMAGE, "file_id": "file-abc", "detail": "low"}])
 def test_an_input_image_file_id_is_refused_naming_it_even_beside_its_image_url(part):
@@ -1642,6 +1641,7 @@ def test_an_input_image_file_id_is_refused_naming_it_even_beside_its_image_url(p
                                   "http(s) URL where the server allows them)")
     assert refused.value.param == "input[0].content[1].file_id"
     chat_messages([{"role": "user", "content": [{**IMAGE, "file_id": None}]}], None)  # the SDK's null: no file
+
 
 @pytest.mark.parametrize(("item", "param"), [
     ({"type": "reasoning", "content": 2**64}, "input[0].content"),
@@ -1865,7 +1865,6 @@ def test_a_failed_response_s_error_code_says_whose_fault_it_was_as_openai_s_code
         "response.failed", "server_error", "tool_choice_unsatisfied", "tool_choice")
 
 
-
 def test_a_stored_stream_that_failed_is_retrieved_as_failed_and_not_continued(server):
     """A streamed response that failed midway was never stored: its id came with response.created, and GET answered
     404 once it had failed. It is kept as its response.failed event shows it, as OpenAI keeps a failed response; a
@@ -1881,6 +1880,7 @@ def test_a_stored_stream_that_failed_is_retrieved_as_failed_and_not_continued(se
         "model": "tiny", "input": "[greet] Hi", "previous_response_id": failed["response"]["id"], **EXTRA})
     assert continued.status_code == 400 and continued.json()["error"]["param"] == "previous_response_id"
     assert "failed" in continued.json()["error"]["message"]
+
 
 @pytest.mark.parametrize("path", ["/responses", "/responses/input_tokens"])
 def test_tool_schemas_slow_to_check_do_not_hold_the_other_requests(server, monkeypatch, path):
@@ -1905,7 +1905,6 @@ def test_tool_schemas_slow_to_check_do_not_hold_the_other_requests(server, monke
         finally:
             health_answered.set()
         assert slow.result().status_code == 200, slow.result().text
-
 
 
 def test_a_turn_cut_while_reasoning_is_rendered_back_as_its_reasoning_alone(server, client):
