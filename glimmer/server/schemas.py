@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from glimmer.engine.sampling_params import (
     EVERY_TOKEN_LOGPROBS_REFUSAL,
     MAX_LOGPROBS,
+    MAX_STOP_TOKEN_IDS,
     SEED_RANGE,
     structured_constraint_given,
 )
@@ -202,7 +203,8 @@ class _SamplingFields(RequestBody):
     stop: str | Items[str] | None = None
     min_tokens: Count = 0
     ignore_eos: bool = False
-    stop_token_ids: Items[TokenId] | None = None
+    # capped here, not by SamplingParams alone: the ids past the cap are never validated on the event loop
+    stop_token_ids: Annotated[Items[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool | None = None  # chat: default true (framing aside, see choice_stream); completions: false
     prompt_logprobs: LogprobCount | None = None

@@ -281,14 +281,14 @@ def test_a_bad_logit_bias_is_400(server, bias, words):
 @pytest.mark.parametrize("route", ["/chat/completions", "/completions"])
 def test_stop_token_ids_beyond_their_cap_are_400(server, route):
     """A 4 MB body of 1.9 million stop_token_ids was taken and processed; beyond MAX_STOP_TOKEN_IDS it is a 400
-    naming the field, as too many logit_bias entries or stop strings are."""
+    naming the field and the cap, as too many logit_bias entries or stop strings are."""
     body = {"model": "tiny", "max_tokens": 2, "stop_token_ids": [5] * (MAX_STOP_TOKEN_IDS + 1),
             **({"messages": MESSAGES} if route == "/chat/completions" else {"prompt": PROMPT})}
     response = httpx.post(server.base_url + route, json=body, timeout=60)
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert (error["type"], error["param"]) == ("invalid_request_error", "stop_token_ids")
-    assert f"at most {MAX_STOP_TOKEN_IDS} token ids" in error["message"]
+    assert f"at most {MAX_STOP_TOKEN_IDS} items" in error["message"]
     body["stop_token_ids"] = body["stop_token_ids"][1:]
     assert httpx.post(server.base_url + route, json=body, timeout=60).status_code == 200
 
