@@ -146,12 +146,22 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True,
                 calls.add_calls(message["tool_calls"], index)
         normalized.append(message)
     normalized = _content_before_calls([normalized[i] for i in tool_results_in_call_order(normalized)])
-    if unrendered_roles:  # P-TMPL-7; says nothing of dropping, since LLM.chat and the server refuse them
+    if unrendered_roles:  # P-TMPL-7; says nothing of dropping, since LLM.chat and the server never drop them
         logger.warning("messages with role(s) %s are not rendered by the chat template: they render nothing "
-                       "(LLM.chat and glimmer serve refuse them)",
+                       "(LLM.chat and glimmer serve %s)",
                        ", ".join(repr(role) if len(role) <= 64 else f"{role[:64]!r}… ({len(role):,} characters)"
-                                 for role in unrendered_roles))
+                                 for role in unrendered_roles), _what_serving_apis_do(unrendered_roles))
     return _merged_instructions(normalized) if developer_as_system else normalized
+
+
+def _what_serving_apis_do(unrendered_roles: list[str]) -> str:
+    """What LLM.chat and glimmer serve do with messages of `unrendered_roles`, for the warning of a caller who keeps
+    them: they map `developer` to the system instruction (docs/ERRATA.md, P-TMPL-7) and refuse the other roles."""
+    developer = "developer" in unrendered_roles
+    done = ["render developer messages as the system instruction"] if developer else []
+    if len(unrendered_roles) > developer:  # a role besides developer (each is listed once)
+        done.append("refuse the other roles" if developer else "refuse them")
+    return " and ".join(done)
 
 
 def _refusal_as_content(message: dict[str, Any], index: int) -> None:

@@ -274,6 +274,21 @@ def test_unrendered_roles_pass_unchanged_with_a_warning_naming_them(caplog):
     assert "dropped" not in caplog.text and "refuse" in caplog.text
 
 
+def test_the_warning_of_developer_messages_left_as_they_are_says_llm_chat_and_serve_render_them(caplog):
+    """developer_as_system=False leaves developer messages to the template, which drops them; the warning said that
+    LLM.chat and glimmer serve refuse them, where both render them as the system instruction."""
+    with caplog.at_level(logging.WARNING, logger="glimmer.protocol.request_normalization"):
+        normalize_messages([{"role": "developer", "content": "Be terse."}, {"role": "user", "content": "x"}],
+                           developer_as_system=False)
+    assert "'developer'" in caplog.text and "refuse" not in caplog.text
+    assert "LLM.chat and glimmer serve render developer messages as the system instruction" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="glimmer.protocol.request_normalization"):
+        normalize_messages([{"role": "developer", "content": "Be terse."}, {"role": "critic", "content": "x"}],
+                           developer_as_system=False)
+    assert "render developer messages as the system instruction and refuse the other roles" in caplog.text
+
+
 def test_a_refused_unrendered_role_is_named_and_logs_nothing(caplog):
     """A serving API's refusal (refuse_unrendered) is the request's error, not a warning too."""
     messages = [{"role": "user", "content": "hi"}, {"role": "critic", "content": "secret"}]
