@@ -316,8 +316,8 @@ def _refuse_mistyped_kwargs(template_kwargs: Mapping[str, Any], variables: Colle
     for name in TEXT_KWARGS:  # a number is written as text by any template (`knowledge_cutoff: 2024`)
         value = template_kwargs.get(name)
         if name in variables and (isinstance(value, bool) or not isinstance(value, str | int | float | None)):
-            raise RequestError(f"chat_template_kwargs.{name} is {_json_type(value)}; it must be a string, such as "
-                               '"2026-01-01" (or null for the template\'s default)',
+            raise RequestError(f"chat_template_kwargs.{name} is {_json_type(value)}; it must be a string or a number "
+                               '(or null for the template\'s default), such as "2026-01-01"',
                                param=f"chat_template_kwargs.{name}")
 
 
