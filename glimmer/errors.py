@@ -26,6 +26,15 @@ class CheckpointError(GlimmerError):
     """A checkpoint's files are missing, unreadable, or do not match its config."""
 
 
+def option_and_keyword(option: str, value: str = "", keyword_value: str = "") -> str:
+    """An engine option as a refusal names it, which the caller may have set on the command line or as `LLM(...)`'s
+    keyword: `option_and_keyword("--device", "cuda", '"cuda"')` is `--device cuda / device="cuda"`,
+    `option_and_keyword("--kv-cache-memory", "SIZE")` is `--kv-cache-memory SIZE / kv_cache_memory=`. The keyword is
+    the option's name with underscores, as vLLM's engine arguments are spelled."""
+    keyword = option.removeprefix("--").replace("-", "_")
+    return f"{option} {value} / {keyword}={keyword_value}" if value else f"{option} / {keyword}={keyword_value}"
+
+
 class RequestError(GlimmerError, ValueError):
     """A generation request (sampling parameters, prompt, messages) is invalid.
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Protocol
 
 from glimmer.checkpoint.broken_links import refuse_lfs_pointer, refuse_not_a_file
-from glimmer.errors import CheckpointError, ConfigError
+from glimmer.errors import CheckpointError, ConfigError, option_and_keyword
 from glimmer.protocol import ChatTemplate, ChatTemplateError, check_chat_template
 from glimmer.protocol.chat_template import FramingTokenizer
 
@@ -40,7 +40,7 @@ TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 # the processor's older places for its template (transformers' ProcessorMixin still reads both, before the .jinja)
 LEGACY_CHAT_TEMPLATE_FILE = "chat_template.json"
 PROCESSOR_CONFIG_FILE = "processor_config.json"
-OVERRIDE_OPTION = "--chat-template FILE (LLM(..., chat_template=FILE))"  # a refusal is read from either
+OVERRIDE_OPTION = option_and_keyword("--chat-template", "FILE")  # a refusal is read from either
 # transformers 5 saves named templates beside chat_template.jinja in this folder, one NAME.jinja each
 ADDITIONAL_TEMPLATES_DIR = "additional_chat_templates"
 # the named template transformers' apply_chat_template renders a chat with tools with (get_chat_template)

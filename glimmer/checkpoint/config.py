@@ -12,7 +12,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from glimmer.errors import ConfigError
+from glimmer.errors import ConfigError, option_and_keyword
 
 SUPPORTED_TEXT_ACTIVATIONS = ("silu", "swish")  # transformers' ACT2FN runs both as torch's silu
 SUPPORTED_VISION_ACTIVATIONS = ("gelu",)
@@ -459,8 +459,8 @@ class ModelConfig:
         """What to do about images sent to a model without a vision tower, for the error that refuses them: a GGUF
         keeps its vision tower in a separate mmproj file."""
         if self.config_layout == "gguf" and self.vision is None:
-            return ("; a GGUF's vision tower is a separate mmproj file: pass it with --mmproj (LLM(..., "
-                    "mmproj=...))")
+            return ("; a GGUF's vision tower is a separate mmproj file: pass it with "
+                    f"{option_and_keyword('--mmproj')}")
         return ""
 
     def summary(self) -> dict[str, Any]:

@@ -57,12 +57,13 @@ from glimmer.checkpoint.weight_layouts import (
     ROPE_LAYOUT,
     detect_weight_layout,
 )
-from glimmer.errors import CheckpointError, ConfigError
+from glimmer.errors import CheckpointError, ConfigError, option_and_keyword
 
 logger = logging.getLogger(__name__)
 
 SAFETENSORS, GGUF, MLX, PICKLE = "safetensors", "gguf", "mlx", "pickle"
 COMPRESSED_TENSORS = "compressed-tensors"  # safetensors files of NVFP4-packed weights (`compressed_tensors.py`)
+MMPROJ_OPTION = option_and_keyword("--mmproj")  # a refusal is read from the command line or from LLM(...)
 
 
 @dataclass
@@ -105,7 +106,7 @@ def open_checkpoint(
     # Path("") is Path("."), the current directory: a path object of it is the empty path, no projector file
     if mmproj is not None and (not os.fspath(mmproj).strip()
                                or not isinstance(mmproj, str) and os.fspath(mmproj) == "."):
-        raise ConfigError("--mmproj (mmproj=) is empty; pass the vision projector GGUF's path, or leave it out for "
+        raise ConfigError(f"{MMPROJ_OPTION} is empty; pass the vision projector GGUF's path, or leave it out for "
                           "text only")
     if mmproj is not None:  # `~/mmproj.gguf` is the user's, as the model path is (resolve.py)
         mmproj = os.path.expanduser(mmproj)
@@ -115,7 +116,7 @@ def open_checkpoint(
                                   "(config.json + weights) or a .gguf file")
         return _open_gguf(path, mmproj)
     if mmproj is not None:
-        raise CheckpointError("--mmproj (mmproj=) applies to GGUF models only; this checkpoint is a directory, "
+        raise CheckpointError(f"{MMPROJ_OPTION} applies to GGUF models only; this checkpoint is a directory, "
                               "whose vision weights live beside its text weights")
     if not path.is_dir():
         raise CheckpointError(f"model path {path} does not exist")
@@ -160,12 +161,13 @@ def _refuse_gguf_directory(path: Path, lacking: str = "config.json") -> None:
         models = [name for name in ggufs if kinds[name] not in (MMPROJ_ARCH, DRAFTER_ARCH)]
         projectors = [name for name in ggufs if kinds[name] == MMPROJ_ARCH]
         drafters = [name for name in ggufs if kinds[name] == DRAFTER_ARCH]
-        projector = (f"with {path / projectors[0]} as --mmproj (mmproj=) for images" if projectors
-                     else "and a vision projector with --mmproj (mmproj=)")
+        projector = (f"with {path / projectors[0]} as {MMPROJ_OPTION} for images" if projectors
+                     else f"and a vision projector with {MMPROJ_OPTION}")
         if not models:  # the projector or drafter is no model to suggest
             holds = " and ".join(f"{kind} ({', '.join(names)})" for kind, names in (
                 ("a vision projector", projectors), ("a DFlash drafter", drafters)) if names)
-            hint = projector if projectors else "with the drafter as --speculative-config's (speculative_config=) model"
+            hint = projector if projectors else (
+                f"with the drafter as the model of {option_and_keyword('--speculative-config')}")
             raise CheckpointError(f"{path} has no {lacking} and holds only {holds}, no model's GGUF file: pass the "
                                   f"model's GGUF file, {hint}")
         raise CheckpointError(
@@ -185,7 +187,7 @@ def _open_directory(path: Path, allow_pickle: bool) -> OpenedCheckpoint:
         if not allow_pickle:
             raise CheckpointError(
                 f"{path} holds pickle weights only ({names}); unpickling can execute code, so Glimmer reads them "
-                "only with --allow-pickle (LLM(..., allow_pickle=True)), and then through "
+                f"only with {option_and_keyword('--allow-pickle', keyword_value='True')}, and then through "
                 "torch.load(weights_only=True). Prefer a safetensors or GGUF copy of the checkpoint"
             )
         logger.warning("reading pickle weights %s with torch.load(weights_only=True) (--allow-pickle)", names)

@@ -58,7 +58,7 @@ from glimmer.checkpoint.gguf_file import (
 from glimmer.checkpoint.mapped_tensors import MappedTensor, MappedTensors
 from glimmer.checkpoint.quantized_weights import QuantizedStorage
 from glimmer.checkpoint.weight_layouts import interleaved_to_rotate_half
-from glimmer.errors import ConfigError
+from glimmer.errors import ConfigError, option_and_keyword
 
 logger = logging.getLogger(__name__)
 
@@ -149,7 +149,7 @@ def read_gguf_model(path: str | Path | GGUFFile, mmproj: str | Path | None = Non
     arch = describe_gguf_kind(file)
     if arch == MMPROJ_ARCH:
         raise file.error("this is a vision projector (mmproj) file; pass the model GGUF as the model and this "
-                         "file with --mmproj (mmproj=)")
+                         f"file with {option_and_keyword('--mmproj')}")
     if arch == DRAFTER_ARCH:
         raise file.error(f"this is a DFlash drafter GGUF (architecture {DRAFTER_ARCH!r}), not a Muse Glimmer model; "
                          "pass the model GGUF")

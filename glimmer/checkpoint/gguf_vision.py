@@ -40,7 +40,7 @@ from glimmer.checkpoint.gguf_file import (
 )
 from glimmer.checkpoint.mapped_tensors import MappedTensor
 from glimmer.checkpoint.weight_layouts import interleaved_to_rotate_half
-from glimmer.errors import ConfigError
+from glimmer.errors import ConfigError, option_and_keyword
 
 PROJECTOR_TYPE = "muse-glimmer"
 PATCH_TEMPORAL = 2
@@ -94,7 +94,8 @@ def read_mmproj(path: str | Path, text: TextConfig) -> MmprojVision:
     """Open an mmproj GGUF for the text model `text`; CheckpointError names the key or tensor at fault."""
     file = GGUFFile(path)
     if not file.has(ARCHITECTURE_KEY) or file.string(ARCHITECTURE_KEY) != MMPROJ_ARCH:
-        raise file.error(f"--mmproj (mmproj=) expects a vision projector GGUF ({ARCHITECTURE_KEY} {MMPROJ_ARCH!r})")
+        raise file.error(f"{option_and_keyword('--mmproj')} expects a vision projector GGUF ({ARCHITECTURE_KEY} "
+                         f"{MMPROJ_ARCH!r})")
     projector = file.string("clip.projector_type") if file.has("clip.projector_type") else (
         file.string("clip.vision.projector_type") if file.has("clip.vision.projector_type") else None)
     if projector != PROJECTOR_TYPE:

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from glimmer.checkpoint.quantized_weights import QuantizedStorage
-from glimmer.errors import ConfigError
+from glimmer.errors import ConfigError, option_and_keyword
 
 MEMINFO = Path("/proc/meminfo")
 PROC_SELF_CGROUP = Path("/proc/self/cgroup")
@@ -178,11 +178,12 @@ def _host_memory_short(device: torch.device | str, needed: int) -> HostMemory | 
 
 
 # a refusal is read from the command line or from LLM(...): each fix is named in both forms
-_ON_A_GPU = '--device cuda / device="cuda"'
+_ON_A_GPU = option_and_keyword("--device", "cuda", '"cuda"')
+_IN_BFLOAT16 = option_and_keyword("--dtype", "bfloat16", '"bfloat16"')
 
 
 def _halving_hint(dtype: torch.dtype) -> str:
-    return '; --dtype bfloat16 / dtype="bfloat16" halves it' if dtype == torch.float32 else ""
+    return f"; {_IN_BFLOAT16} halves it" if dtype == torch.float32 else ""
 
 
 def check_fits_in_host_memory(model: nn.Module, device: torch.device | str, dtype: torch.dtype, *,
@@ -215,8 +216,9 @@ def check_drafter_fits_in_host_memory(drafter: nn.Module, device: torch.device |
         alongside, room_for = ("", "it") if target is None else (f" beside the model's {_size(beside)}", "both")
         raise ConfigError(
             f"the speculative drafter's weights need {_size(needed)} as {str(dtype).removeprefix('torch.')} on the "
-            f"CPU{alongside}, more than {memory.describe()}; serve without the drafter (leave out --speculative-config"
-            f" / speculative_config=) or use a GPU with room for {room_for} ({_ON_A_GPU}){_halving_hint(dtype)}"
+            f"CPU{alongside}, more than {memory.describe()}; serve without the drafter (leave out "
+            f"{option_and_keyword('--speculative-config')}) or use a GPU with room for {room_for} ({_ON_A_GPU})"
+            f"{_halving_hint(dtype)}"
         )
 
 
@@ -247,4 +249,4 @@ def check_kv_cache_fits_in_host_memory(kv_bytes: int, models: list[nn.Module]) -
         return
     raise ConfigError(f"kv_cache_memory={kv_bytes:,} bytes is more than the {max(room.bytes, 0):,} bytes the weights' "
                       f"{_size(room.weights)} leave of {room.memory.describe()}; give the KV cache less "
-                      "(--kv-cache-memory SIZE / kv_cache_memory=)")
+                      f"({option_and_keyword('--kv-cache-memory', 'SIZE')})")

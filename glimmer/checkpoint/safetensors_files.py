@@ -43,7 +43,7 @@ from glimmer.checkpoint.broken_links import (
     refuse_broken_link,
     refuse_lfs_pointer,
 )
-from glimmer.errors import CheckpointError
+from glimmer.errors import CheckpointError, option_and_keyword
 
 logger = logging.getLogger(__name__)
 
@@ -349,8 +349,8 @@ class SafetensorsCheckpoint:
         """A directory with a config but no weights (`glimmer make-tiny --config-only`) runs with random weights."""
         if not (self.directory / "config.json").is_file():
             return ""
-        return ("; to run this config with random weights, pass --load-format dummy (glimmer serve / chat; "
-                "LLM(..., load_format=\"dummy\"))")
+        dummy_weights = option_and_keyword("--load-format", "dummy", '"dummy"')
+        return f"; to run this config with random weights, pass {dummy_weights}"
 
     def names(self) -> list[str]:
         return list(self.tensors)

@@ -18,7 +18,7 @@ from glimmer.default_model import DEFAULT_DRAFTER_NAME
 from glimmer.engine.kv_planner import CPU_DEFAULT_KV_SIZING
 from glimmer.engine.sampling_params import SEED_RANGE
 from glimmer.engine.spec_decode import SpeculativeConfig, check_verification_budget
-from glimmer.errors import ConfigError
+from glimmer.errors import ConfigError, option_and_keyword
 from glimmer.model.kernels.support import check_environment
 from glimmer.multimodal.settings import MediaFetchPolicy
 
@@ -127,8 +127,8 @@ def check_engine_config(config: EngineConfig) -> None:
     if seqs is not None and budget is not None and budget < seqs:  # as vLLM's SchedulerConfig refuses it
         raise ConfigError(f"max_num_batched_tokens={budget} is below max_num_seqs={seqs}: a decoding sequence takes "
                           f"a token of a step's budget, so no more than {budget} could ever run at once; raise "
-                          "--max-num-batched-tokens / max_num_batched_tokens= to at least max_num_seqs, or lower "
-                          "--max-num-seqs / max_num_seqs=")
+                          f"{option_and_keyword('--max-num-batched-tokens')} to at least max_num_seqs, or lower "
+                          f"{option_and_keyword('--max-num-seqs')}")
     if not _is_int(config.block_size) or config.block_size < 1 or config.block_size & (config.block_size - 1):
         raise ConfigError(f"block_size={config.block_size!r} must be a positive integer, a power of two (16 is the "
                           "default)")

@@ -83,6 +83,7 @@ from glimmer.errors import (
     GlimmerError,
     PromptTextTooLongError,
     RequestError,
+    option_and_keyword,
 )
 from glimmer.multimodal import MediaLimits, MediaProcessor, checkpoint_media_settings
 from glimmer.multimodal.placeholders import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
@@ -426,9 +427,9 @@ class LLMEngine:
             still = self._working_shortfall()
             if still > 0:
                 logger.warning("start-up still keeps %.2f GiB more device memory than planned beside the KV cache: "
-                               "the largest steps may run out of memory; lower --gpu-memory-utilization / "
-                               "gpu_memory_utilization= or give --kv-cache-memory SIZE / kv_cache_memory=",
-                               still / 2**30)
+                               "the largest steps may run out of memory; lower %s or give %s",
+                               still / 2**30, option_and_keyword("--gpu-memory-utilization"),
+                               option_and_keyword("--kv-cache-memory", "SIZE"))
         self.scheduler = Scheduler(self.scheduler_config, self.kv, self.speculator)
         self._chat_template: ChatTemplate | None = None
         self._chat_template_source: ChatTemplateSource | CheckpointError | None = None  # found, or why not
@@ -523,7 +524,7 @@ class LLMEngine:
             return limit
         if requested < 2 or requested > limit:
             raise ConfigError(f"max_model_len={requested} must be between 2 and the model's {limit}{why}; give "
-                              f"--max-model-len / max_model_len= in that range, or leave it out for {limit}")
+                              f"{option_and_keyword('--max-model-len')} in that range, or leave it out for {limit}")
         return requested
 
     def _check_drafter_config(self, spec_config: SpeculativeConfig) -> int:
@@ -620,9 +621,9 @@ class LLMEngine:
             oversized = f"lower block_size={bs} (a block larger than max_model_len is mostly empty), " if (
                 bs > self.max_model_len and budget >= sum(per_block.values()) // bs * self.max_model_len) else ""
             longest = longest_context_held(text, self.dtype, demand, budget)
-            context = (f"lower the context to {longest} tokens or less (--max-model-len {longest} / "
-                       f"max_model_len={longest})" if longest is not None
-                       else "lower the context (--max-model-len / max_model_len=)")
+            context = (f"lower the context to {longest} tokens or less "
+                       f"({option_and_keyword('--max-model-len', str(longest), str(longest))})" if longest is not None
+                       else f"lower the context ({option_and_keyword('--max-model-len')})")
             raise ConfigError(
                 f"the KV cache ({budget:,} bytes{spec_note}) cannot hold one sequence of "
                 f"max_model_len={self.max_model_len} tokens (available/needed: {short}, a page is {bs} positions of "
@@ -694,7 +695,7 @@ class LLMEngine:
         if kv_bytes > room:
             raise ConfigError(f"kv_cache_memory={kv_bytes:,} bytes is more than the GPU memory free after the weights "
                               f"({self.device}) and the verification reserve ({max(room, 0):,} bytes); give the KV "
-                              "cache less (--kv-cache-memory SIZE / kv_cache_memory=)")
+                              f"cache less ({option_and_keyword('--kv-cache-memory', 'SIZE')})")
 
     def _media_processor(self) -> MediaProcessor | None:
         vision = self.model_config.vision

@@ -25,7 +25,7 @@ from glimmer.engine.kv_cache_manager import KVCacheLayout, KVCacheManager, page_
 from glimmer.engine.model_runner import PROMPT_LOGITS_ROWS
 from glimmer.engine.scheduler import ScheduledStep
 from glimmer.engine.step_inputs import build_step_inputs
-from glimmer.errors import ConfigError
+from glimmer.errors import ConfigError, option_and_keyword
 from glimmer.model.kernels.tuned_gemm import allocate_kept_workspaces
 from glimmer.model.muse_glimmer import MuseGlimmerForConditionalGeneration
 
@@ -134,12 +134,12 @@ def measure_working_memory(
     chunk = max_num_batched_tokens
     spread = min(max_num_seqs, chunk)
     with _out_of_memory_refused(f"a prefill chunk of max_num_batched_tokens={chunk} tokens",
-                                "lower max_num_batched_tokens (--max-num-batched-tokens / max_num_batched_tokens=): a "
+                                f"lower max_num_batched_tokens ({option_and_keyword('--max-num-batched-tokens')}): a "
                                 "longer prompt is prefilled in chunks of that many tokens, so it needs no more"):
         # a prompt scored for logprobs takes PROMPT_LOGITS_ROWS rows of logits at once
         prefill = max(peak(1, chunk, min(chunk, PROMPT_LOGITS_ROWS)), peak(spread, chunk // spread, spread))
     with _out_of_memory_refused(f"a decode step of max_num_seqs={max_num_seqs} sequences",
-                                "lower max_num_seqs (--max-num-seqs / max_num_seqs=)"):
+                                f"lower max_num_seqs ({option_and_keyword('--max-num-seqs')})"):
         decode = peak(max_num_seqs, 1, max_num_seqs)
     kv_caches.clear()
 

@@ -215,7 +215,7 @@ def test_a_gguf_repository_with_an_mmproj_points_at_the_model_file_and_the_mmpro
     assert str(err.value) == (
         f"{folder} has no config.json but holds the GGUF files mmproj-muse-glimmer-f16.gguf, muse-glimmer-f32.gguf; "
         f"a GGUF is a whole model: pass the file itself (e.g. {folder / 'muse-glimmer-f32.gguf'}), with "
-        f"{folder / 'mmproj-muse-glimmer-f16.gguf'} as --mmproj (mmproj=) for images")
+        f"{folder / 'mmproj-muse-glimmer-f16.gguf'} as --mmproj / mmproj= for images")
     opened = open_checkpoint(folder / "muse-glimmer-f32.gguf", mmproj=folder / "mmproj-muse-glimmer-f16.gguf")
     assert opened.config.vision is not None
 
@@ -233,9 +233,9 @@ def _header_only_gguf(path, architecture: str):
 
 @pytest.mark.parametrize(("files", "holds", "hint"), [
     ({"mmproj-x.gguf": "clip"}, "a vision projector (mmproj-x.gguf)",
-     "with {folder}/mmproj-x.gguf as --mmproj (mmproj=) for images"),
+     "with {folder}/mmproj-x.gguf as --mmproj / mmproj= for images"),
     ({"assistant.gguf": "dflash"}, "a DFlash drafter (assistant.gguf)",
-     "with the drafter as --speculative-config's (speculative_config=) model"),
+     "with the drafter as the model of --speculative-config / speculative_config="),
 ], ids=["mmproj", "drafter"])
 def test_a_directory_holding_only_a_projector_or_drafter_gguf_asks_for_the_models_file(tmp_path, files, holds, hint):
     """Review: with no model's file it suggested the projector (or drafter) itself as the model ("pass the file itself

@@ -792,10 +792,10 @@ def test_an_mmproj_given_as_the_model_or_a_model_as_the_mmproj_names_both_forms_
     with pytest.raises(CheckpointError) as as_model:
         LLM(str(mmproj), progress=False)
     assert str(as_model.value).endswith("this is a vision projector (mmproj) file; pass the model GGUF as the model "
-                                        "and this file with --mmproj (mmproj=)"), as_model.value
+                                        "and this file with --mmproj / mmproj="), as_model.value
     with pytest.raises(CheckpointError) as as_mmproj:
         LLM(str(model), mmproj=str(model), progress=False)
-    assert "--mmproj (mmproj=) expects a vision projector GGUF" in str(as_mmproj.value), as_mmproj.value
+    assert "--mmproj / mmproj= expects a vision projector GGUF" in str(as_mmproj.value), as_mmproj.value
 
 
 @pytest.mark.parametrize("mmproj", ["", "  ", Path("")], ids=["empty", "blank", "empty-path"])
@@ -807,7 +807,7 @@ def test_an_empty_mmproj_path_is_refused_as_empty(f32_gguf, capsys, mmproj):
     from glimmer.cli import main
     from glimmer.errors import ConfigError
 
-    refusal = "--mmproj (mmproj=) is empty; pass the vision projector GGUF's path, or leave it out for text only"
+    refusal = "--mmproj / mmproj= is empty; pass the vision projector GGUF's path, or leave it out for text only"
     with pytest.raises(ConfigError) as err:
         LLM(str(f32_gguf), mmproj=mmproj)
     assert str(err.value) == refusal
@@ -838,7 +838,7 @@ def test_an_image_sent_to_a_gguf_without_mmproj_is_refused_naming_mmproj(f32_ggu
     for checkpoint, named in ((f32_gguf, True), (tiny_checkpoint, False)):
         with pytest.raises(RequestError, match="no vision tower") as raised:
             LLM(str(checkpoint)).generate(image)
-        assert ("pass it with --mmproj (LLM(..., mmproj=...))" in str(raised.value)) is named
+        assert ("pass it with --mmproj / mmproj=" in str(raised.value)) is named
         engine = AsyncEngine(EngineConfig(model=str(checkpoint), progress=False, kv_cache_memory=8 << 20))
         try:
             with pytest.raises(RequestError, match="no vision tower") as raised:
