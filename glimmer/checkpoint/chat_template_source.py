@@ -104,7 +104,9 @@ def find_chat_template(
     directory = Path(checkpoint_dir)
     if override is not None:
         override_file = Path(override)
-        source = _source(_read_template_file(override_file), f"--chat-template {override_file}")
+        # named with both forms of the option: LLM(..., chat_template=FILE) has no flag
+        origin = f"{override_file} ({option_and_keyword('--chat-template')})"
+        source = _source(_read_template_file(override_file), origin)
     elif is_file:
         if embedded is None:
             raise CheckpointError(f"{directory} has no tokenizer.chat_template in its metadata; pass the model's "
