@@ -16,14 +16,18 @@ from prometheus_client.registry import Collector
 
 from glimmer.engine.async_engine import AsyncEngine, FinishedCompletion
 
-# the gaps between a completion's steps
-_STEP_GAP_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# the server's own latencies (and the gaps between a completion's steps)
+_LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 # vLLM's buckets (vllm/v1/metrics/loggers.py), so its dashboards' quantiles agree: a time to first token of a request
 # queued under load, or a long answer's duration, runs to minutes, which buckets ending at 60 s read as 60 s
 _VLLM_TIME_TO_FIRST_TOKEN_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                                        7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 _VLLM_REQUEST_LATENCY_BUCKETS_S = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                                    120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+# the server's own time to first token and request duration: every bound they had (a dashboard's quantile or alert
+# reads one) and vLLM's past 60 s
+_TIME_TO_FIRST_TOKEN_BUCKETS_S = (*_LATENCY_BUCKETS_S, *(le for le in _VLLM_TIME_TO_FIRST_TOKEN_BUCKETS_S if le > 60))
+_REQUEST_DURATION_BUCKETS_S = (*_LATENCY_BUCKETS_S, *(le for le in _VLLM_REQUEST_LATENCY_BUCKETS_S if le > 60))
 _VLLM_FINISH_REASONS = ("stop", "length", "abort", "error")
 # as vLLM counts them (its scheduler, before the stop checks): a measure of the drafter, whose acceptance rate a stop
 # would otherwise lower; the tokens delivered are the generation tokens
@@ -170,13 +174,13 @@ class ServerMetrics:
                                 ["endpoint", "status"], registry=self.registry)
         self.time_to_first_token = Histogram(
             "glimmer_time_to_first_token_seconds", "From request arrival to its first generated token",
-            buckets=_VLLM_TIME_TO_FIRST_TOKEN_BUCKETS_S, registry=self.registry)
+            buckets=_TIME_TO_FIRST_TOKEN_BUCKETS_S, registry=self.registry)
         self.inter_token_latency = Histogram(
             "glimmer_inter_token_latency_seconds", "Between consecutive steps that gave one completion tokens",
-            buckets=_STEP_GAP_BUCKETS_S, registry=self.registry)
+            buckets=_LATENCY_BUCKETS_S, registry=self.registry)
         self.request_latency = Histogram(
             "glimmer_request_duration_seconds", "From request arrival to its last token",
-            buckets=_VLLM_REQUEST_LATENCY_BUCKETS_S, registry=self.registry)
+            buckets=_REQUEST_DURATION_BUCKETS_S, registry=self.registry)
         self.unresolved_tool_calls = Counter(
             "glimmer_unresolved_tool_calls", "Tool calls naming no declared tool, passed through (P-NAME-3)",
             registry=self.registry)

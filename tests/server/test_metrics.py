@@ -197,3 +197,26 @@ def _bucket_counts(metrics: ServerMetrics) -> dict[str, list[tuple[float, float]
             if sample.name.endswith("_bucket"):
                 buckets.setdefault(family.name, []).append((float(sample.labels["le"]), sample.value))
     return buckets
+
+
+_OLD_LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+def test_the_servers_latency_histograms_keep_their_buckets_below_a_minute(make_tiny):
+    """glimmer_time_to_first_token_seconds and glimmer_request_duration_seconds took vLLM's buckets to reach minutes,
+    and lost bounds a dashboard's quantiles and alerts read (the request duration every one below 0.3 s, time to first
+    token le 0.0025, 0.025, 0.05, 30 and 60): they keep every earlier bound and add vLLM's past 60 s."""
+    engine = AsyncEngine(EngineConfig(str(make_tiny()), progress=False, kv_cache_memory=8 << 20))
+    try:
+        counts = _bucket_counts(ServerMetrics(engine, "tiny"))
+        bounds = {name: [le for le, _ in pairs] for name, pairs in counts.items()}
+    finally:
+        engine.shutdown()
+    assert bounds["glimmer_time_to_first_token_seconds"] == [*_OLD_LATENCY_BUCKETS_S, 80.0, 160.0, 640.0, 2560.0,
+                                                             float("inf")]
+    assert bounds["glimmer_request_duration_seconds"] == [*_OLD_LATENCY_BUCKETS_S, 120.0, 240.0, 480.0, 960.0, 1920.0,
+                                                          7680.0, float("inf")]
+    # vLLM's own names keep vLLM's buckets (vllm/v1/metrics/loggers.py), which its dashboards' quantiles assume
+    assert bounds["vllm:time_to_first_token_seconds"] == [
+        0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+        160.0, 640.0, 2560.0, float("inf")]
