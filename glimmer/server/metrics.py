@@ -22,6 +22,8 @@ _LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1
 # queued under load, or a long answer's duration, runs to minutes, which buckets ending at 60 s read as 60 s
 _VLLM_TIME_TO_FIRST_TOKEN_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                                        7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+_VLLM_INTER_TOKEN_LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+                                       7.5, 10.0, 20.0, 40.0, 80.0)
 _VLLM_REQUEST_LATENCY_BUCKETS_S = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                                    120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 # the server's own time to first token and request duration: every bound they had (a dashboard's quantile or alert
@@ -149,7 +151,7 @@ def _spec_decode_metrics(spec) -> Iterator[Metric]:
 
 
 class _HistogramUnderVllmNames(Collector):
-    """A histogram again under vLLM's names (the same observations, labelled `model_name`)."""
+    """A histogram under vLLM's names (each the same observations, labelled `model_name`)."""
 
     def __init__(self, histogram: Histogram, names: list[str], model_name: str):
         self._histogram = histogram
@@ -212,10 +214,19 @@ class ServerMetrics:
             ("vllm:e2e_request_latency_seconds", "From a request's arrival at the engine to its end (one per "
              "finished completion, aborted and failed ones included)", _VLLM_REQUEST_LATENCY_BUCKETS_S))}
         engine.on_finished(self._finished)
-        engine.on_token_gap(self.inter_token_latency.observe)
+        # the same gaps in vLLM's buckets, under its name and its older one (registered by _HistogramUnderVllmNames)
+        self._vllm_inter_token_latency = Histogram(
+            "vllm:inter_token_latency_seconds", "Between consecutive steps that gave one completion tokens",
+            buckets=_VLLM_INTER_TOKEN_LATENCY_BUCKETS_S, registry=None)
+        engine.on_token_gap(self.observe_token_gap)
         self.registry.register(_EngineCollector(engine, model_name))
-        self.registry.register(_HistogramUnderVllmNames(self.inter_token_latency, [  # vLLM's name, and its older one
+        self.registry.register(_HistogramUnderVllmNames(self._vllm_inter_token_latency, [
             "vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"], model_name))
+
+    def observe_token_gap(self, seconds: float) -> None:
+        """A step gave a completion tokens `seconds` after its previous one did (on the engine thread)."""
+        self.inter_token_latency.observe(seconds)
+        self._vllm_inter_token_latency.observe(seconds)
 
     def _finished(self, record: FinishedCompletion) -> None:
         """One completion ended (on the engine thread): vLLM's per-request figures, those that were measured."""

@@ -220,3 +220,24 @@ def test_the_servers_latency_histograms_keep_their_buckets_below_a_minute(make_t
     assert bounds["vllm:time_to_first_token_seconds"] == [
         0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
         160.0, 640.0, 2560.0, float("inf")]
+
+
+def test_vllms_inter_token_latency_is_in_vllms_buckets(make_tiny):
+    """vllm:inter_token_latency_seconds and its older name vllm:time_per_output_token_seconds were exposed in the
+    server's buckets (0.001 s to 60 s), so a dashboard's le="0.075" or le="80" series, which vLLM's buckets have, was
+    not there; they are in vLLM's (vllm/v1/metrics/loggers.py), counting the same gaps as
+    glimmer_inter_token_latency_seconds, which keeps its own."""
+    engine = AsyncEngine(EngineConfig(str(make_tiny()), progress=False, kv_cache_memory=8 << 20))
+    try:
+        metrics = ServerMetrics(engine, "tiny")
+        metrics.observe_token_gap(0.07)
+        counts = _bucket_counts(metrics)
+    finally:
+        engine.shutdown()
+    vllm_buckets = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                    40.0, 80.0, float("inf")]
+    for name in ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"):
+        assert [le for le, _ in counts[name]] == vllm_buckets, name
+        assert dict(counts[name])[0.05] == 0 and dict(counts[name])[0.075] == 1, counts[name]
+    assert [le for le, _ in counts["glimmer_inter_token_latency_seconds"]] == [*_OLD_LATENCY_BUCKETS_S, float("inf")]
+    assert dict(counts["glimmer_inter_token_latency_seconds"])[0.1] == 1
