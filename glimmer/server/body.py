@@ -1,6 +1,6 @@
 """Reading a JSON request body: its media type first (415 unless uncompressed JSON), then its bytes with a size
-limit (413 beyond it) and as UTF-8 (400 for UTF-16 or UTF-32; a UTF-8 byte order mark dropped), before any JSON is
-parsed.
+limit (413 beyond it) and as UTF-8 (400 for UTF-16, UTF-32 or any other bytes that are not UTF-8; a UTF-8 byte
+order mark dropped), before any JSON is parsed.
 
 Requiring `Content-Type: application/json` is also a cross-site guard: a browser sends `text/plain` POSTs to
 any origin without asking first, so a page could otherwise submit requests to a server on the visitor's
@@ -89,12 +89,20 @@ def wide_text_encoding(data: bytes) -> str | None:
 
 def _utf8_text(body: bytes) -> bytes:
     """`body` without a leading UTF-8 byte order mark, which RFC 8259 §8.1 lets a parser ignore (as Python's json and
-    run-batch do). Raises APIError 400 for a body in UTF-16 or UTF-32: JSON between systems is UTF-8 (RFC 8259 §8.1),
-    and the parser's own error ("expected value at line 1 column 1") said nothing of why."""
+    run-batch do). Raises APIError 400 for a body in UTF-16 or UTF-32, or any other that is not UTF-8 (Latin-1 or
+    Windows-1252, whose é is the one byte 0xe9): JSON between systems is UTF-8 (RFC 8259 §8.1), and the parsers' own
+    errors ("expected value at line 1 column 1", "invalid unicode code point") said nothing of why."""
     wide = wide_text_encoding(body)
     if wide is not None:
         raise APIError(400, f"the request body is {wide} text; send JSON encoded as UTF-8")
-    return body.removeprefix(UTF8_BYTE_ORDER_MARK)
+    text = body.removeprefix(UTF8_BYTE_ORDER_MARK)
+    try:
+        text.decode("utf-8")
+    except UnicodeDecodeError as error:
+        # byte N counted from 1, as run-batch names the byte of a line that is not UTF-8 (batch._parse_line)
+        raise APIError(400, f"the request body is not UTF-8 text (byte {error.start + 1} is "
+                            f"{text[error.start]:#04x}); send JSON encoded as UTF-8") from None
+    return text
 
 
 async def _read_upload(request: Request, max_bytes: int) -> bytes:

@@ -15,7 +15,6 @@ from glimmer.server.chat import create_chat_completion
 from glimmer.server.completions import create_completion
 from glimmer.server.context import ServingContext
 from glimmer.server.errors import APIError
-from glimmer.server.schemas import not_utf8_error
 
 _ROUTE_FIELDS = ("messages", "prompt")
 """The fields that choose the route: a chat completion for a body with `messages`, a completion for one with
@@ -23,13 +22,11 @@ _ROUTE_FIELDS = ("messages", "prompt")
 
 
 async def invoke(request: Request, context: ServingContext) -> Response:
-    """The chat completion or completion the body asks for. Raises RequestError (400) for a body not UTF-8, APIError
-    (400) for one not JSON or with neither `messages` nor `prompt`, and what `read_body` raises."""
+    """The chat completion or completion the body asks for. Raises APIError (400) for a body not JSON or with neither
+    `messages` nor `prompt`, and what `read_body` raises."""
     body = await read_body(request, context)
     kind = "an /invocations body is a JSON object: a chat completion request (with `messages`) or a completion " \
            "request (with `prompt`)"
-    if (not_utf8 := not_utf8_error(body)) is not None:  # as the routes it leads to say it
-        raise not_utf8
     try:
         fields = json.loads(body)
     except ValueError as error:

@@ -313,7 +313,7 @@ def validate_json(model: type[BaseModel], body: bytes, hints: dict[str, str] | N
         if first["type"] == "json_invalid" and "recursion limit exceeded" in first["msg"]:
             raise _nested_too_deep(body) from None
         if first["type"] == "json_invalid":
-            named = not_utf8_error(body) or _lone_surrogate(body)
+            named = _lone_surrogate(body)  # a body that is not UTF-8 is refused as read, body.read_body
             if named is not None:
                 raise named from None
         raise request_error(error, _UNION_FIELD_HINTS if hints is None else hints,
@@ -364,19 +364,6 @@ def _depth(value: Any) -> int:
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 """A UTF-16 surrogate in a str: Python's JSON parser reads an unpaired `\\ud800` escape into one, which no UTF-8 text
 can hold."""
-
-
-def not_utf8_error(body: bytes) -> RequestError | None:
-    """The RequestError for a body that is not UTF-8 text (Latin-1 or Windows-1252, whose é is the one byte 0xe9):
-    pydantic-core refuses it as "invalid unicode code point", which says nothing of the encoding. None for UTF-8.
-    (UTF-16 and UTF-32 are refused by name before parsing, body.read_body.)"""
-    try:
-        body.decode("utf-8")
-    except UnicodeDecodeError as error:
-        # byte N counted from 1, as run-batch names the byte of a line that is not UTF-8 (batch._parse_line)
-        return RequestError(f"the request body is not UTF-8 text (byte {error.start + 1} is "
-                            f"{body[error.start]:#04x}); send JSON encoded as UTF-8", param=None)
-    return None
 
 
 def _lone_surrogate(body: bytes) -> RequestError | None:
