@@ -169,6 +169,12 @@ def echoed(request: ChatCompletionRequest) -> Echo | None:
 async def create_chat_completion(raw_request: Request, context: ServingContext) -> Response:
     arrival = time.monotonic()
     request = parse_body(ChatCompletionRequest, await read_body(raw_request, context))
+    return await answer_chat_completion(raw_request, context, request, arrival)
+
+
+async def answer_chat_completion(raw_request: Request, context: ServingContext, request: ChatCompletionRequest,
+                                 arrival: float) -> Response:
+    """The answer to `request`, read from `raw_request`'s body, which came at `arrival` (time.monotonic())."""
     refuse_beam_search_options(request)
     start = start_beam_search_run if request.use_beam_search else start_chat_run
     run, first, stream = await start(raw_request, context, request, arrival)

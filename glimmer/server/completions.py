@@ -244,6 +244,12 @@ def _controller_factory(request: CompletionRequest, context: ServingContext) -> 
 async def create_completion(raw_request: Request, context: ServingContext) -> Response:
     arrival = time.monotonic()
     request = parse_body(CompletionRequest, await read_body(raw_request, context))
+    return await answer_completion(raw_request, context, request, arrival)
+
+
+async def answer_completion(raw_request: Request, context: ServingContext, request: CompletionRequest,
+                            arrival: float) -> Response:
+    """The answer to `request`, read from `raw_request`'s body, which came at `arrival` (time.monotonic())."""
     model_name = context.check_model(request.model)
     client_id = client_request_id(raw_request, request.request_id)
     refuse_beam_search_options(request)

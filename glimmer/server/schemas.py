@@ -29,7 +29,7 @@ import typing
 from collections.abc import Callable, Collection
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
 from glimmer.engine.sampling_params import (
     EVERY_TOKEN_LOGPROBS_REFUSAL,
@@ -61,6 +61,10 @@ Items = Annotated[list[_Item], Field(fail_fast=True)]
 each bad item made a 4 MB body of a million of them hold the event loop (every request and stream) for a minute."""
 
 
+_UNSENT_FIELDS = "unsent fields"
+"""The key of `validate_json`'s validation context naming the body's model and its fields taken as not sent."""
+
+
 class RequestBody(BaseModel):
     """A request body (or a part of one): unknown fields refused, types strict, null as unset (`drop_nulls`)."""
 
@@ -68,16 +72,17 @@ class RequestBody(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _null_is_unset(cls, data: Any) -> Any:
-        return drop_nulls(cls, data)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _first_unknown_field_only(cls, data: Any) -> Any:
-        """Of the unknown fields, only the first is validated (refused, named by the 400): an error built for each of
-        a 4 MB body's hundreds of thousands held the event loop (every request and stream) for seconds."""
+    def _as_sent(cls, data: Any, info: ValidationInfo) -> Any:
+        """The fields sent: those `validate_json`'s `unsent` names dropped first (of the body alone, not of an object
+        inside it), then the nulls (`drop_nulls`); of the unknown fields, only the first is validated (refused,
+        named by the 400): an error built for each of a 4 MB body's hundreds of thousands held the event loop (every
+        request and stream) for seconds."""
         if not isinstance(data, dict):
             return data
+        model, unsent = (info.context or {}).get(_UNSENT_FIELDS, (None, ()))
+        if model is cls:
+            data = {key: value for key, value in data.items() if key not in unsent}
+        data = drop_nulls(cls, data)
         known = {field.alias or name for name, field in cls.model_fields.items()}
         unknown = next((key for key in data if key not in known), None)
         if unknown is None:
@@ -296,18 +301,23 @@ REFUSED_UNLESS_DEFAULT: dict[str, str] = {
 NO_OP_VALUES: dict[str, Any] = {"verbosity": DEFAULT_VERBOSITY}  # taken beside null: what asks for nothing different
 
 
-def parse_body(model: type[RequestBody], body: bytes) -> Any:
-    """Validate a chat or completion body; raises RequestError naming the first field at fault (HTTP 400)."""
-    request = validate_json(model, body)
+def parse_body(model: type[RequestBody], body: bytes, unsent: Collection[str] = ()) -> Any:
+    """Validate a chat or completion body; raises RequestError naming the first field at fault (HTTP 400).
+    `unsent`: see `validate_json`."""
+    request = validate_json(model, body, unsent=unsent)
     _refuse_unsupported(request)
     return request
 
 
-def validate_json(model: type[BaseModel], body: bytes, hints: dict[str, str] | None = None) -> Any:
+def validate_json(model: type[BaseModel], body: bytes, hints: dict[str, str] | None = None, *,
+                  unsent: Collection[str] = ()) -> Any:
     """The body as `model`; raises RequestError naming the first field at fault (HTTP 400), or a key an object of
-    the body gives twice. `hints`: see `request_error` (the chat and completion fields' by default)."""
+    the body gives twice. `hints`: see `request_error` (the chat and completion fields' by default). `unsent`: fields
+    of the body (a RequestBody's) taken as not sent, whatever they hold, so that the body is read as it came (its size
+    already checked, its numbers as written) rather than written again without them."""
+    context = {_UNSENT_FIELDS: (model, frozenset(unsent))} if unsent else None
     try:
-        validated = model.model_validate_json(body)
+        validated = model.model_validate_json(body, context=context)
     except ValidationError as error:
         first = error.errors(include_url=False)[0]
         if first["type"] == "json_invalid" and "recursion limit exceeded" in first["msg"]:
