@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response
@@ -14,11 +15,7 @@ from glimmer.server.chat import answer_chat_completion
 from glimmer.server.completions import answer_completion
 from glimmer.server.context import ServingContext
 from glimmer.server.errors import APIError
-from glimmer.server.schemas import ChatCompletionRequest, CompletionRequest, parse_body
-
-_ROUTE_FIELDS = ("messages", "prompt")
-"""The fields that choose the route: a chat completion for a body with `messages`, a completion for one with
-`prompt`."""
+from glimmer.server.schemas import ChatCompletionRequest, CompletionRequest, RequestBody, parse_body
 
 
 async def invoke(request: Request, context: ServingContext) -> Response:
@@ -37,14 +34,21 @@ async def invoke(request: Request, context: ServingContext) -> Response:
                             f"flatten them; {kind}") from None
     if not isinstance(fields, dict):
         raise APIError(400, kind)
-    # null is an unset field, as on every route (schemas.drop_nulls): a client typing the body as the union of both
-    # requests sends the other one's field as null, which the route taken would refuse as a field it does not know.
-    # The body read is validated as it came, not written again without them: its size is checked, and JSON written
-    # again differs (é escaped in 6 bytes, 1e300 in 300)
-    unsent = [name for name in _ROUTE_FIELDS if name in fields and fields[name] is None]
-    if "messages" in fields and "messages" not in unsent:
-        chat = parse_body(ChatCompletionRequest, body, unsent)
-        return await answer_chat_completion(request, context, chat, arrival)
-    if "prompt" in fields and "prompt" not in unsent:
-        return await answer_completion(request, context, parse_body(CompletionRequest, body, unsent), arrival)
+    # null is an unset field, as on every route (schemas.drop_nulls), and a client typing the body as the union of
+    # both requests sends each field of the other one as null, which the route taken would refuse as a field it does
+    # not know: such a null is no field sent (one of a field the route knows keeps its meaning). The body read is
+    # validated as it came, not written again without them: its size is checked, and JSON written again differs (é
+    # escaped in 6 bytes, 1e300 in 300)
+    if fields.get("messages") is not None:
+        return await answer_chat_completion(request, context, parse_body(
+            ChatCompletionRequest, body, _undeclared_nulls(fields, ChatCompletionRequest)), arrival)
+    if fields.get("prompt") is not None:
+        return await answer_completion(request, context, parse_body(
+            CompletionRequest, body, _undeclared_nulls(fields, CompletionRequest)), arrival)
     raise APIError(400, kind)
+
+
+def _undeclared_nulls(fields: dict[str, Any], model: type[RequestBody]) -> list[str]:
+    """The top-level fields of the body sent as null that `model` does not declare."""
+    declared = {field.alias or name for name, field in model.model_fields.items()}
+    return [name for name, value in fields.items() if value is None and name not in declared]

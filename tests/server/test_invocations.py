@@ -82,3 +82,23 @@ def test_a_body_under_the_size_limit_is_taken_whole_when_a_null_field_is_dropped
     assert reply.status_code == 200, reply.text
     assert reply.json()["object"] == "text_completion"
     assert reply.json()["usage"]["prompt_tokens"] > 800
+
+
+def test_a_null_field_of_the_other_request_is_unset_when_invocations_picks_the_route(tiny_checkpoint):
+    """A client typing its body as the union of both requests sends each field of the other request as null too:
+    `"tools": null` beside a prompt was refused as an unknown field of a completion, `"best_of": null` beside messages
+    as one of a chat completion. Such a field sent with a value is still refused, naming it."""
+    with live_server(tiny_checkpoint) as server:
+        text = httpx.post(server.url + "/invocations", timeout=60, json={
+            "model": "tiny", "messages": None, "tools": None, "tool_choice": None, "max_completion_tokens": None,
+            "prompt": "hi", "max_tokens": 2})
+        assert text.status_code == 200, text.text
+        assert text.json()["object"] == "text_completion"
+        chat = httpx.post(server.url + "/invocations", timeout=60, json={
+            "model": "tiny", "prompt": None, "best_of": None, "suffix": None,
+            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+        assert chat.status_code == 200, chat.text
+        assert chat.json()["object"] == "chat.completion"
+        valued = httpx.post(server.url + "/invocations", timeout=60,
+                            json={"model": "tiny", "prompt": "hi", "tools": [], "max_tokens": 2})
+        assert valued.status_code == 400 and valued.json()["error"]["param"] == "tools", valued.text
