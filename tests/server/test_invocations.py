@@ -64,7 +64,9 @@ def test_a_null_messages_or_prompt_is_unset_when_invocations_picks_the_route(tin
         assert chat.json()["object"] == "chat.completion"
         neither = httpx.post(server.url + "/invocations", timeout=60, json={"messages": None, "prompt": None})
         assert neither.status_code == 400
-        assert "`messages`" in neither.json()["error"]["message"]
+        assert neither.json()["error"]["message"] == (
+            "an /invocations body is a JSON object: a chat completion request (with `messages`) or a completion "
+            "request (with `prompt`)")
         twice = httpx.post(server.url + "/invocations", timeout=60, headers={"Content-Type": "application/json"},
                            content=b'{"messages": null, "prompt": "hi", "prompt": "ho"}')
         assert twice.status_code == 400 and twice.json()["error"]["param"] == "prompt"
