@@ -80,13 +80,14 @@ def _body_id(raw_request: Request, body_id: str) -> str:
 
 def _checked(value: str, name: str, shown: str | None = None) -> str:
     """`value`; RequestError naming `name` and quoting `shown` (the value as the client wrote it, `value` by default)
-    for one too long or not visible ASCII."""
-    if len(value) > MAX_CHARS:
-        raise RequestError(f"{name}: {len(value):,} characters; send at most {MAX_CHARS}", param=name)
+    for one not visible ASCII, else for one too long (a header's length counted right only then: outside ASCII, its
+    characters are its UTF-8 bytes as Latin-1 reads them)."""
     if not _PRINTABLE.fullmatch(value):
         raise RequestError(f"{name}: {value if shown is None else shown!r} is not an id of visible ASCII characters "
                            "(spaces inside only); send one such as a UUID, or leave it out for the server's own",
                            param=name)
+    if len(value) > MAX_CHARS:
+        raise RequestError(f"{name}: {len(value):,} characters; send at most {MAX_CHARS}", param=name)
     return value
 
 

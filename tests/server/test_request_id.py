@@ -98,6 +98,21 @@ def test_a_header_id_outside_ascii_is_quoted_as_the_client_wrote_it(server):
     assert response.json()["error"]["message"].startswith("X-Request-Id: 'caf\u00e9' is not an id of visible ASCII")
 
 
+@pytest.mark.parametrize(("headers", "fields", "name"), [
+    ([(b"X-Request-Id", "\u00e9".encode() * 150)], {}, "X-Request-Id"),
+    ([], {"request_id": "\u00e9" * 300}, "request_id"),
+])
+def test_a_long_id_outside_ascii_is_refused_for_its_characters(server, headers, fields, name):
+    """An id of 150 é sent as UTF-8 in the header was refused as "300 characters; send at most 256", counting its
+    bytes as Latin-1 reads them, and one of 300 é in the body for its length alone: sent again shorter, it was refused
+    again, for what the first 400 never said."""
+    response = httpx.post(server.base_url + "/completions", json={**COMPLETION, **fields}, timeout=60,
+                          headers=headers)
+    assert response.status_code == 400, response.text
+    message = response.json()["error"]["message"]
+    assert message.startswith(f"{name}: '\u00e9\u00e9") and "is not an id of visible ASCII characters" in message
+
+
 def test_request_id_headers_echo_the_id_or_make_one_the_response_is_named_by(make_tiny):
     with live_server(make_tiny(), scripted=True, request_id_headers=True) as server:
         echoed = _post(server, "/completions", COMPLETION, {"X-Request-Id": "trace-4"})
