@@ -169,6 +169,13 @@ def is_image_data(data: bytes | str | os.PathLike) -> bool:
     return True
 
 
+def starts_with_image_signature(prefix: bytes) -> bool:
+    """Whether `prefix`, a file's first bytes (16 are enough), opens as one of the readable formats does: Pillow's
+    own check of each format's magic number (the `accept` it registers), which `Image.open` asks before reading
+    on. TGA has no signature, so its bytes never match."""
+    return any(accept and accept(prefix[:16]) for accept in (Image.OPEN[name][1] for name in _readable_formats()))
+
+
 def pil_to_rgb(image: Image.Image, kind: str, index: int) -> np.ndarray:
     """(H, W, 3) uint8 RGB; transparency is composited onto white as the reference processor does. A 16-bit grey image
     (a 16-bit PNG opens so) is scaled to 8 bits: Pillow's `convert` clips it, every pixel above 255 turning white

@@ -24,7 +24,7 @@ from urllib.parse import unquote, unquote_to_bytes, urlparse
 from glimmer.cancellation import CancelToken
 from glimmer.errors import RequestError
 from glimmer.multimodal.errors import MediaError, MediaFetchBusyError
-from glimmer.multimodal.image import is_image_data
+from glimmer.multimodal.image import is_image_data, starts_with_image_signature
 from glimmer.multimodal.remote_fetch import LookupsBusyError, RemoteMediaError, fetch_remote, loggable_url
 from glimmer.multimodal.settings import MediaFetchPolicy
 from glimmer.multimodal.video import is_video_data
@@ -127,26 +127,35 @@ def _decode_data_url(url: str, kind: str, index: int, policy: MediaFetchPolicy) 
 
 
 _EXAMPLE_MIME = {"image": "image/png", "video": "video/mp4"}
-# what of a path's text is read to tell base64 of an image from a path: enough for an image's header (the formats'
-# own, and a JPEG's metadata before its frame's), a bounded look whatever the text's length
+# what of a path's text longer than the limit's base64 is decoded to see an image's signature (16 bytes, after any
+# whitespace a line-broken base64 holds) or a video's header: a bounded look whatever the text's length
 _BASE64_PREFIX_CHARS = 65_536
 
 
-def _starts_as_base64_of_media(text: str, kind: str) -> bool:
-    """Whether `text` is base64 of an image (or video, as `kind` says), by its first `_BASE64_PREFIX_CHARS`
-    characters, cut to whole groups of 4 (`_is_base64_of_media`)."""
-    if len(text) <= _BASE64_PREFIX_CHARS:
-        return _is_base64_of_media(text, kind)
+def _base64_of_media_and_too_large(text: str, kind: str, max_bytes: int) -> tuple[bool, bool]:
+    """Whether `text` is base64 of an image (or video, as `kind` says), and whether it is longer than base64 of
+    `max_bytes` bytes. Within that length the whole text is decoded and opened (`_is_base64_of_media`), as a data:
+    URL would be, since a JPEG's metadata before its frame (an ICC profile, XMP) may be larger than any prefix; past
+    it, a bounded prefix cut to whole groups of 4: an image by its format's signature (`starts_with_image_signature`),
+    a video by FFmpeg's look at its header."""
+    too_large = len(text.translate(_BASE64_WHITESPACE)) > max_bytes * 4 // 3 + 4
+    if not too_large:
+        return _is_base64_of_media(text, kind), False
     prefix = text[:_BASE64_PREFIX_CHARS].translate(_BASE64_WHITESPACE)
-    return _is_base64_of_media(prefix[:len(prefix) // 4 * 4], kind)
+    try:
+        data = _forgiving_base64(prefix[:len(prefix) // 4 * 4])
+    except (binascii.Error, ValueError):
+        return False, True
+    return (starts_with_image_signature(data) if kind == "image" else is_video_data(data)), True
 
 
 def _read_local(path_text: str, kind: str, index: int, policy: MediaFetchPolicy) -> bytes:
     payload = path_text.rpartition(",")[2]  # after a header without its `data:` (`image/png;base64,`, `data;...`)
-    if _starts_as_base64_of_media(payload, kind):
+    is_base64, too_large = _base64_of_media_and_too_large(payload, kind, policy.max_bytes)
+    if is_base64:
         # no file's name: read as a path, it was "local files are not allowed; allow a directory ..."
         what = f"{'an' if kind == 'image' else 'a'} {kind}"
-        if len(payload.translate(_BASE64_WHITESPACE)) > policy.max_bytes * 4 // 3 + 4:
+        if too_large:
             raise _error(kind, index, f"this is base64 of {what} larger than the limit of {policy.max_bytes:,} bytes, "
                                       f"not a path or a URL: send a smaller one as a data: URL, "
                                       f"data:{_EXAMPLE_MIME[kind]};base64,<data> (with the {kind}'s own MIME type)")

@@ -277,6 +277,47 @@ def test_base64_of_an_image_larger_than_the_limit_is_refused_as_base64_too_large
                                  "the image's own MIME type)")
 
 
+def _jpeg_with_metadata(metadata_bytes: int) -> bytes:
+    """A small JPEG with an ICC profile of `metadata_bytes` before its frame, as a camera's or an editor's is."""
+    image = io.BytesIO()
+    Image.new("RGB", (8, 8), (10, 200, 10)).save(image, format="JPEG", icc_profile=b"\x00" * metadata_bytes)
+    return image.getvalue()
+
+
+@pytest.mark.parametrize("header", ["", "image/jpeg;base64,"])
+def test_base64_of_a_jpeg_with_large_metadata_is_refused_as_base64_not_as_a_path(tmp_path, header):
+    """Base64 of more than 65,536 characters was judged by its first 64 KiB, which held no more than a JPEG's
+    100 KB ICC profile: within the limit it was refused as a path, "local files are not allowed"."""
+    policy = MediaFetchPolicy.create([])
+    sent = header + base64.b64encode(_jpeg_with_metadata(100_000)).decode()
+    assert 65_536 < len(sent) < policy.max_bytes
+    with pytest.raises(RequestError) as raised:
+        load_media_reference(sent, "image", 0, policy)
+    assert str(raised.value) == ("image 0: this is base64 of an image, not a path or a URL: send it as a data: URL, "
+                                 "data:image/png;base64,<data> (with the image's own MIME type)")
+
+
+def test_base64_of_a_jpeg_with_large_metadata_larger_than_the_limit_is_refused_as_base64_too_large(tmp_path):
+    """Past the limit's length only a bounded prefix is read: its first bytes, a JPEG's signature, say what it is,
+    though its frame lies 100 KB on."""
+    policy = MediaFetchPolicy.create([tmp_path], max_bytes=50_000)
+    with pytest.raises(RequestError) as raised:
+        load_media_reference(base64.b64encode(_jpeg_with_metadata(100_000)).decode(), "image", 0, policy)
+    assert str(raised.value) == ("image 0: this is base64 of an image larger than the limit of 50,000 bytes, not a "
+                                 "path or a URL: send a smaller one as a data: URL, data:image/png;base64,<data> (with "
+                                 "the image's own MIME type)")
+
+
+def test_base64_of_a_png_over_64_kib_of_text_within_the_limit_is_refused_as_base64(tmp_path):
+    image = io.BytesIO()
+    Image.effect_noise((256, 256), 100).save(image, format="PNG")  # noise: about 65 KB, 87 KB of base64
+    sent = base64.b64encode(image.getvalue()).decode()
+    policy = MediaFetchPolicy.create([tmp_path])
+    assert 65_536 < len(sent) < policy.max_bytes
+    with pytest.raises(RequestError, match="^image 0: this is base64 of an image, not a path or a URL: "):
+        load_media_reference(sent, "image", 0, policy)
+
+
 def test_remote_fetching_is_off_unless_enabled():
     with pytest.raises(RequestError, match="--allow-remote-media"):
         load_media_reference("https://example.com/cat.png", "image", 0, MediaFetchPolicy())
