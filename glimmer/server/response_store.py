@@ -35,6 +35,15 @@ def _json_bytes(value: Any) -> int:
     return len(json.dumps(value, ensure_ascii=False))
 
 
+def _chain_bytes(segment: _Segment | None) -> int:
+    """The size of a segment and of those it continues, held or not."""
+    total = 0
+    while segment is not None:
+        total += segment.size_bytes
+        segment = segment.previous
+    return total
+
+
 # where an image part is in a segment's items: the item's index, the field holding its parts (a message's `content`,
 # a function_call_output's `output`) and the part's index there
 ImagePart = tuple[int, str, int]
@@ -118,9 +127,9 @@ class ResponseStore:
         `previous`, the response it continues as it was read (held on even if forgotten since), in place of one
         stored under its id (a client's `request_id` named both). `images_read`: the bytes each image part a client
         named by a path or URL was read as, by where the part is in `items`, which the responses continuing it render
-        (counted too, as their length). One larger than the whole store is not kept, nor one whose conversation is:
-        the oldest responses go first, it too once no other is left. Whether it was kept; where not, a warning says
-        why (its answer says `store: false`)."""
+        (counted too, as their length). One larger than the whole store with its conversation is not kept, and
+        evicts nothing; one that fits evicts the oldest responses until the store holds it. Whether it was kept;
+        where not, a warning says why (its answer says `store: false`)."""
         images_read = dict(images_read or {})
         segment_bytes = _json_bytes(items) + sum(len(data) for data in images_read.values())
         segment = _Segment(items, previous.segment if previous is not None else None, segment_bytes,
@@ -130,21 +139,20 @@ class ResponseStore:
             replaced = self._entries.pop(response_id, None)
             if replaced is not None:
                 self._forget(replaced)
-            if size + segment.size_bytes > self.max_bytes:
-                logger.warning("response %s not stored: %s bytes, more than the store's bound of %s bytes",
-                               response_id, f"{size + segment.size_bytes:,}", f"{self.max_bytes:,}")
+            # what it holds once every other response is evicted: itself and its whole conversation, told before
+            # evicting any, so that one which cannot fit leaves the others as they were
+            needed = size + _chain_bytes(segment)
+            if needed > self.max_bytes:
+                logger.warning("response %s not stored: %s bytes with the conversation it continues, more than the "
+                               "store's bound of %s bytes", response_id, f"{needed:,}", f"{self.max_bytes:,}")
                 return False
             entry = StoredResponse(response, segment, size, self._clock())
             self._entries[response_id] = entry
             self._output_items.update((item["id"], entry) for item in response.get("output", ()) if item.get("id"))
             self._size_bytes += size
             self._hold(segment)
-            while self._size_bytes > self.max_bytes:
+            while self._size_bytes > self.max_bytes:  # the newest, it outlasts the others it needs gone
                 self._evict_oldest()
-            if response_id not in self._entries:
-                logger.warning("response %s not stored: with the conversation it continues, more than the store's "
-                               "bound of %s bytes", response_id, f"{self.max_bytes:,}")
-                return False
             return True
 
     def get(self, response_id: str) -> StoredResponse | None:

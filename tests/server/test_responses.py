@@ -1749,15 +1749,31 @@ def test_a_response_continuing_one_forgotten_meanwhile_keeps_and_counts_its_conv
 
 
 def test_the_store_says_whether_it_kept_a_response():
-    """put is False for a response larger than the store, and for one whose conversation is, which evicts the rest
-    before it; the answer says `store: false` by it."""
+    """put is False for a response larger than the store, and for one whose conversation is; the answer says
+    `store: false` by it."""
     store = ResponseStore(max_bytes=300, max_age_s=10)
     item = {"id": "msg_1", "role": "user", "content": "x" * 100}
     assert store.put("a", [item], {"id": "a", "output": []})
     assert not store.put("big", [{**item, "content": "x" * 300}], {"id": "big", "output": []})
     assert store.get("a") is not None and store.get("big") is None
+    held = store.size_bytes
     assert not store.put("b", [{**item, "id": "msg_2"}], {"id": "b", "output": []}, store.get("a"))
-    assert store.get("b") is None and store.size_bytes == 0
+    assert store.get("b") is None and store.get("a") is not None and store.size_bytes == held
+
+
+def test_a_response_too_large_with_its_conversation_evicts_no_other():
+    """A response that fits the store alone but not with the conversation it continues is refused before anything
+    is evicted: it evicted every other stored response, then itself, and the store was left empty."""
+    store = ResponseStore(max_bytes=2_000, max_age_s=10)
+
+    def put(response_id: str, text_bytes: int, previous=None) -> bool:
+        return store.put(response_id, [{"text": "x" * text_bytes}], {"id": response_id}, previous)
+
+    assert put("a", 900) and put("x", 200) and put("y", 200)
+    assert not put("c", 1_200, store.get("a"))
+    assert [response_id for response_id in ("a", "x", "y", "c") if store.get(response_id)] == ["a", "x", "y"]
+    assert put("d", 500, store.get("a"))  # one that fits with its conversation evicts the oldest it must
+    assert store.get("d").items == [{"text": "x" * 900}, {"text": "x" * 500}] and store.size_bytes <= 2_000
 
 
 def test_a_continuation_renders_the_images_a_response_read_and_lists_them_as_sent():
