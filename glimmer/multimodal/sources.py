@@ -349,9 +349,14 @@ class MediaPart(NamedTuple):
     """An image or video content part of a chat's messages, as `media_parts` finds it."""
 
     kind: str  # `image` or `video`
-    path: str  # `messages[i].content[j]`, which an error names
     part: Mapping[str, Any]  # the part, with its normalized type (`image`, `video`)
     at: tuple[int, int]  # (i, j): the message's index, the part's index in its content
+
+    @property
+    def path(self) -> str:
+        """`messages[i].content[j]`, which an error names."""
+        i, j = self.at
+        return f"messages[{i}].content[{j}]"
 
 
 def media_parts(messages: Sequence[Mapping[str, Any]]) -> Iterator[MediaPart]:
@@ -366,7 +371,7 @@ def media_parts(messages: Sequence[Mapping[str, Any]]) -> Iterator[MediaPart]:
             for j, part in enumerate(content):
                 kind = media_kind(part)
                 if kind is not None:
-                    yield MediaPart(kind, f"messages[{i}].content[{j}]", {**part, "type": kind}, (i, j))
+                    yield MediaPart(kind, {**part, "type": kind}, (i, j))
 
 
 def media_kind(part: Any) -> str | None:

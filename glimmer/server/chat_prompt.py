@@ -312,7 +312,9 @@ def load_media(messages: list[Mapping[str, Any]], context: ServingContext, cance
     places: list[tuple[int, int]] = []  # where the part of each reference is (`MediaPart.at`)
     counted: dict[str, list[str]] = {"image": [], "video": []}  # the parts of each kind taken so far
     limits = {"image": settings.max_images_per_request, "video": settings.max_videos_per_request}
-    for kind, param, part, at in media_parts(messages):
+    for media_part in media_parts(messages):
+        kind, part, at = media_part
+        param = media_part.path
         if not context.model_has_vision:
             raise RequestError(f"{param}: this model has no vision tower, so it cannot take {kind} input"
                                f"{context.no_vision_fix}",
