@@ -83,7 +83,7 @@ from glimmer.protocol import (
     resolve_reasoning_strength,
 )
 from glimmer.protocol.chat_template import REASONING_FIELDS
-from glimmer.protocol.openai_mapping import answer_characters_before, offset_of_answer_character
+from glimmer.protocol.openai_mapping import answer_characters_before, finish_reason, offset_of_answer_character
 from glimmer.protocol.tool_choice import ToolPlan, plan_tools
 from glimmer.protocol.turn_grammar import MAX_THINKING_TOKEN_BUDGET
 
@@ -259,7 +259,9 @@ class _ServerReading:
         self._tokens = 0
         self._characters = 0
         self._armed_after = -1 if not min_tokens else None  # where the min_tokens-th token's text ends, once read
-        self.ended_by: str | None = None  # "stop" (a stop string in the answer), "other" (a header, the first call)
+        # why the server ends the reply: "stop" (a stop string in the answer), "header" (another role's), "call" (the
+        # first, with single_call)
+        self.ended_by: str | None = None
 
     def feed(self, text: str, tokens: int = 1) -> str | None:
         """Read the text that the turn's next `tokens` tokens released; returns why the server ends the reply there
@@ -275,9 +277,10 @@ class _ServerReading:
         delta = self._parser.feed(text)
         self._deltas.append(delta)
         parser = self._parser
-        if parser.other_role_header_seen or (
-                self._single_call and (parser.valid_call_names or parser.unresolved_call_count)):
-            self.ended_by = "other"
+        if parser.other_role_header_seen:
+            self.ended_by = "header"
+        elif self._single_call and (parser.valid_call_names or parser.unresolved_call_count):
+            self.ended_by = "call"
         elif self._stop and delta.content:
             self._content += delta.content
             recent = self._content[-(self._longest + len(delta.content)):]
@@ -288,13 +291,13 @@ class _ServerReading:
                     self.ended_by = "stop"
         return self.ended_by
 
-    def ends_at_stop(self, delta: StepDelta) -> bool:
-        """Whether the server ends the reply at a stop string in the answer within the engine's `delta` of the turn
-        (read token by token where it says where each token's text ends)."""
+    def ends_in(self, delta: StepDelta) -> bool:
+        """Whether the server ends the reply within the engine's `delta` of the turn at a stop string in the answer
+        or at another role's header (read token by token where it says where each token's text ends)."""
         start = 0
         for end, tokens in _token_text_runs(delta.text_ends()):
             if self.feed(delta.text[start:end], tokens) is not None:
-                return self.ended_by == "stop"
+                return self.ended_by in ("stop", "header")
             start = end
         return False
 
@@ -320,12 +323,12 @@ def _armed_after(token_ends: list[int], min_tokens: int, stop: list[str]) -> int
 
 
 def _turn_as_the_server_reads_it(text: str, reading: Mapping[str, Any], token_ends: list[int], *, single_call: bool,
-                                  stop: list[str], include_stop: bool, min_tokens: int) -> tuple[str, bool]:
-    """(the start of the generated turn `text` that the server reads, whether the server ends the choice there): it
-    ends it where `_ServerReading` says, after the token where it finds that (`token_ends`: where each token's text
-    ends in `text`). What the model wrote after that point (a call made for an invented user turn, reasoning after the
-    stop string) is no part of the reply. `reading`: OutputParser's arguments. The turn is read a token at a time
-    only where one of those ends it."""
+                                  stop: list[str], include_stop: bool, min_tokens: int) -> tuple[str, str | None]:
+    """(the start of the generated turn `text` that the server reads, why the server ends the choice there
+    (`_ServerReading.ended_by`) or None): it ends it where `_ServerReading` says, after the token where it finds that
+    (`token_ends`: where each token's text ends in `text`). What the model wrote after that point (a call made for an
+    invented user turn, reasoning after the stop string) is no part of the reply. `reading`: OutputParser's arguments.
+    The turn is read a token at a time only where one of those ends it."""
     deltas, whole = _read_whole(text, reading)
     content = ParsedOutput.from_deltas(deltas).content
     breaks = _content_breaks(deltas) if stop else []
@@ -333,15 +336,15 @@ def _turn_as_the_server_reads_it(text: str, reading: Mapping[str, Any], token_en
     if not (whole.other_role_header_seen or (single_call and (whole.valid_call_names or whole.unresolved_call_count))
             or _cut_at_stop(content, stop, include_stop, _unarmed_answer_characters(whole, armed_after),
                             breaks)[1] is not None):
-        return text, False
+        return text, None
     server = _ServerReading(reading, single_call=single_call, stop=stop, include_stop=include_stop,
                             min_tokens=min_tokens)
     start = 0
     for end in token_ends:
         if server.feed(text[start:end]) is not None:
-            return text[:end], True
+            return text[:end], server.ended_by
         start = end
-    return text, False
+    return text, None
 
 
 def _completion_ended_at_stop(completion: CompletionOutput, token_ends: list[int], content_spans: list[tuple[int, int]],
@@ -357,6 +360,17 @@ def _completion_ended_at_stop(completion: CompletionOutput, token_ends: list[int
     tokens = bisect.bisect_left(token_ends, last) + 1
     return replace(completion, text=completion.text[: last if include else first - 1],
                    token_ids=completion.token_ids[:tokens], finish_reason="stop", stop_reason=stop_string,
+                   logprobs=None if completion.logprobs is None else completion.logprobs[:tokens])
+
+
+def _completion_ended_by_the_server(completion: CompletionOutput, tokens: int, text_end: int,
+                                   has_tool_calls: bool) -> CompletionOutput:
+    """The raw `completion` ended at its `tokens`-th token, whose text ends at `text_end`, where the server ends the
+    reply for another reason than a stop string (another role's header, P-HDR-8): its text and tokens through that
+    token, finish_reason as the server reports it (`tool_calls` if the reply holds calls, else `stop`, P-API-2) and
+    no stop_reason, as the server's."""
+    return replace(completion, text=completion.text[:text_end], token_ids=completion.token_ids[:tokens],
+                   finish_reason=finish_reason(has_tool_calls=has_tool_calls, length_limited=False), stop_reason=None,
                    logprobs=None if completion.logprobs is None else completion.logprobs[:tokens])
 
 
@@ -654,14 +668,14 @@ class LLM:
              use_tqdm: bool | Callable[..., Any] | None, names: list[str],
              controller_factories: list[ControllerFactory | None] | None = None, generated: list[int] | None = None,
              hidden: list[frozenset[int]] | None = None,
-             stop_readers: list[Callable[[], _ServerReading] | None] | None = None) -> list[RequestOutput]:
+             server_readings: list[Callable[[], _ServerReading]] | None = None) -> list[RequestOutput]:
         """Generate every prompt. As vLLM's offline LLM, a max_tokens past max_model_len ends the output there
         (finish_reason "length"); only a prompt with no room for one token is refused. Errors about a prompt
         name it as the caller does, `names[i]` ("prompt", "prompts[1]", "messages", ...); `call` is the method
         the caller called ("generate", "chat", "beam_search"), which a refusal names. `generated` and
-        `hidden`, per prompt: LLMEngine.add_request's `generated` and `hidden_token_ids`; `stop_readers`, per prompt:
-        what makes, per completion, the reading of its turn that ends it (aborted, finish_reason "abort") as soon as
-        a stop string ends its answer (`_ServerReading.ends_at_stop`), or None. Calls from
+        `hidden`, per prompt: LLMEngine.add_request's `generated` and `hidden_token_ids`; `server_readings`, per
+        prompt: what makes, per completion, the reading of its turn that ends it (aborted, finish_reason "abort") as
+        soon as the server's chat would end it (`_ServerReading.ends_in`). Calls from
         several threads run one after another; a call made inside another on the same thread (from a `use_tqdm`
         callable) is refused, as it would wait for itself. Ctrl-C lands between queuing requests and between steps
         (`InterruptsBetweenSteps`), where no KV block is half taken or half freed."""
@@ -672,7 +686,7 @@ class LLM:
             self._running = (threading.get_ident(), call)
             try:
                 return self._run_alone(prompts, params_list, use_tqdm, names, interrupts, controller_factories,
-                                       generated, hidden, stop_readers)
+                                       generated, hidden, server_readings)
             finally:
                 self._running = None
 
@@ -681,11 +695,11 @@ class LLM:
                    controller_factories: list[ControllerFactory | None] | None,
                    generated: list[int] | None = None,
                    hidden: list[frozenset[int]] | None = None,
-                   stop_readers: list[Callable[[], _ServerReading] | None] | None = None) -> list[RequestOutput]:
+                   server_readings: list[Callable[[], _ServerReading]] | None = None) -> list[RequestOutput]:
         """`_run`, with no other call of this LLM stepping its engine; a Ctrl-C `interrupts` noted is raised after a
         request is queued or a step is taken in."""
         results: dict[str, RequestOutput] = {}
-        readings: dict[str, list[_ServerReading]] = {}  # per request that stop_readers read, each completion's
+        readings: dict[str, list[_ServerReading]] = {}  # per request that server_readings read, each completion's
         order = []
         factories = controller_factories or [None] * len(prompts)
         bar = self._progress_bar(use_tqdm, len(prompts))
@@ -711,21 +725,20 @@ class LLM:
                              for i in range(params.n)],
                     metrics=RequestMetrics(arrival_time=arrival_time, last_token_time=arrival_time),
                 )
-                reader = stop_readers[i] if stop_readers else None
-                if reader is not None:
-                    readings[request_id] = [reader() for _ in range(params.n)]
+                if server_readings:
+                    readings[request_id] = [server_readings[i]() for _ in range(params.n)]
                 interrupts.check()
             while self.engine.has_unfinished_requests:
                 deltas = self._step()
                 received = time.time()
                 for delta in deltas:
                     request = results[delta.request_id]
-                    if request.outputs[delta.index].finished:  # ended by its stop string below, in this step
+                    if request.outputs[delta.index].finished:  # ended below where the server ends it, in this step
                         continue
                     self._receive(request, delta, received, bar)
                     reading = readings.get(delta.request_id)
-                    if delta.finish_reason is None and reading is not None and reading[delta.index].ends_at_stop(delta):
-                        # the server's chat ends it there too, by the same abort (P-REQ-2)
+                    if delta.finish_reason is None and reading is not None and reading[delta.index].ends_in(delta):
+                        # the server's chat ends it there too, by the same abort (P-REQ-2, P-HDR-8)
                         for final in self.engine.abort(delta.request_id, delta.index):
                             self._receive(request, final, received, bar)
                 interrupts.check()
@@ -825,8 +838,10 @@ class LLM:
         (`ChatOutput.stop_string` names it), and so is the raw turn (`outputs[0]`), as vLLM's generation ends at a
         stop string: its text before the stop string (through it with `include_stop_str_in_output`), its tokens
         through the one the stop string ends in, finish_reason "stop" and the string as stop_reason. The engine
-        reads each completion's answer as it generates it and ends the completion at that token, as the server
-        ends it (with `n` > 1, each its own). As on the server (P-REQ-1),
+        reads each completion as it generates it and ends it at that token, as the server ends it (with `n` > 1,
+        each its own); so it does at a header the model writes for another role (P-HDR-8), the raw turn ending at
+        that token with the server's finish_reason ("stop", "tool_calls" after calls) and no stop_reason. As on the
+        server (P-REQ-1),
         the turn is generated with its special tokens, which the parser reads; `skip_special_tokens` then decides
         what the parsed reply shows: None (default) or True hides every special token but the framing, False
         hides none. A max_tokens past max_model_len ends the turn there (finish_reason "length"), as in vLLM.
@@ -919,12 +934,15 @@ class LLM:
         readings = [{"tools": plan.parser_tools, "continue_recipient": final.recipient if final else None,
                      "continue_prefix": final.body if final else "", "verbatim_content": turn.constrained_answer}
                     for turn, final in zip(chat_turns, continued, strict=True)]
-        # each completion ends where a stop string ends its answer, as the server's chat ends it (P-REQ-2)
-        stop_readers = [functools.partial(_ServerReading, reading, single_call=not parallel_tool_calls, stop=turn.stop,
-                                          include_stop=turn.include_stop, min_tokens=turn.params.min_tokens)
-                        if turn.stop else None for turn, reading in zip(chat_turns, readings, strict=True)]
+        # each completion ends where the server's chat ends it: at a stop string in its answer (P-REQ-2), at another
+        # role's header (P-HDR-8)
+        server_readings = [functools.partial(_ServerReading, reading, single_call=not parallel_tool_calls,
+                                             stop=turn.stop, include_stop=turn.include_stop,
+                                             min_tokens=turn.params.min_tokens)
+                           for turn, reading in zip(chat_turns, readings, strict=True)]
         outputs = self._run("chat", prepared, [turn.params for turn in chat_turns], use_tqdm, names,
-                            [turn.controller_factory for turn in chat_turns], hidden=hidden, stop_readers=stop_readers)
+                            [turn.controller_factory for turn in chat_turns], hidden=hidden,
+                            server_readings=server_readings)
         chats = []
         for number, (output, turn, reading) in enumerate(zip(outputs, chat_turns, readings, strict=True)):
             choices = []
@@ -933,7 +951,7 @@ class LLM:
                 text, token_ends = "".join(pieces), list(itertools.accumulate(map(len, pieces)))
                 # with min_tokens, a stop string counts if it ends past the min_tokens-th token's text
                 armed_after = _armed_after(token_ends, turn.params.min_tokens, turn.stop)
-                read, ended_early = _turn_as_the_server_reads_it(
+                read, ended_by = _turn_as_the_server_reads_it(
                     text, reading, token_ends, single_call=not parallel_tool_calls, stop=turn.stop,
                     include_stop=turn.include_stop, min_tokens=turn.params.min_tokens)
                 deltas, reader = _read_whole(read, reading)
@@ -942,13 +960,16 @@ class LLM:
                 content, stop_string = _cut_at_stop(parsed.content, turn.stop, turn.include_stop,
                                                     _unarmed_answer_characters(reader, armed_after), breaks)
                 context_full = len(output.prompt_token_ids) + len(completion.token_ids) >= self.engine.max_model_len
+                # `parallel_tool_calls=False`: the first call, as the server returns it under any tool_choice
+                calls = list(parsed.tool_calls)[: None if parallel_tool_calls else 1]
                 if stop_string is not None:  # the raw turn ends there too, as vLLM's generation ends at a stop string
                     completion = _completion_ended_at_stop(completion, token_ends, reader.content_spans, content,
                                                            stop_string, turn.include_stop)
-                # `parallel_tool_calls=False`: the first call, as the server returns it under any tool_choice
-                calls = list(parsed.tool_calls)[: None if parallel_tool_calls else 1]
+                elif ended_by == "header":  # the raw turn ends at the token the server ends the reply at
+                    tokens = bisect.bisect_left(token_ends, len(read)) + 1
+                    completion = _completion_ended_by_the_server(completion, tokens, len(read), bool(calls))
                 choice = ChatOutput(parsed.reasoning, content, calls, replace(output, outputs=[completion]),
-                                    stop_string=stop_string, ended_early=ended_early)
+                                    stop_string=stop_string, ended_early=ended_by is not None)
                 where = f"choice {completion.index}" + (f" of conversation {number}" if len(conversations) > 1 else "")
                 unsatisfied = plan.unsatisfied([call.name for call in calls], choice.finish_reason, where=where,
                                                context_full_at=self.engine.max_model_len if context_full else None)

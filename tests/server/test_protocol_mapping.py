@@ -628,6 +628,33 @@ def test_llm_chat_generates_on_past_a_stop_string_in_the_reasoning(server, llm, 
     assert (reply.stop_string, reply.finish_reason, reply.outputs[0].finish_reason) == (None, "stop", "stop")
 
 
+@pytest.mark.parametrize(("key", "parallel_tool_calls", "finish_reason"), [
+    ("[invent-user]", True, "stop"),  # P-HDR-8: the model invents the user's next turn
+])
+def test_llm_chat_stops_generating_where_the_server_ends_the_reply(client, server, llm, monkeypatch, key,
+                                                                  parallel_tool_calls, finish_reason):
+    """Where the server ends the reply at another role's header, LLM.chat generated the turn on to its end or
+    max_tokens and returned all of it raw (38 tokens to the server's 16 for an invented user turn); the completion now
+    stops at the token the server ends it at, its raw output cut there, with the server's completion_tokens,
+    finish_reason and stop_reason (none: no stop string ended it)."""
+    script = SCRIPTS[key][0]
+    request = _request(key, tools=TOOLS, logprobs=True, parallel_tool_calls=parallel_tool_calls)
+    served = client.chat.completions.create(**request)
+    sampled = _counting_sampled_tokens(llm, monkeypatch)
+    reply = llm.chat(request["messages"], SamplingParams(temperature=0, max_tokens=200, logprobs=0), tools=TOOLS,
+                     parallel_tool_calls=parallel_tool_calls, chat_template_kwargs=PINNED_DATE, use_tqdm=False)[0]
+    raw, served_choice = reply.outputs[0], served.choices[0]
+    through = served.usage.completion_tokens
+    assert len(sampled) == through < _token_count(server, script)
+    assert (len(raw.token_ids), len(raw.logprobs)) == (through, through)
+    assert raw.token_ids == server.engine.engine.tokenizer.encode(script)[:through]
+    assert script.startswith(raw.text) and _token_count(server, raw.text) == through
+    assert (raw.finish_reason, raw.stop_reason) == (
+        served_choice.finish_reason, served_choice.model_extra["stop_reason"]) == (finish_reason, None)
+    assert (reply.finish_reason, reply.content, reply.choices[0].outputs) == (
+        finish_reason, served_choice.message.content, [raw])
+
+
 def test_special_tokens_stay_out_of_reasoning_and_answer_unless_asked_for(client):
     result = _both(client, **_request("[specials]"))
     assert (result["reasoning"], result["content"]) == ("Looking.", "Hi there!")
