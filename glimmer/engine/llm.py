@@ -292,12 +292,12 @@ class _ServerReading:
         return self.ended_by
 
     def ends_in(self, delta: StepDelta) -> bool:
-        """Whether the server ends the reply within the engine's `delta` of the turn at a stop string in the answer
-        or at another role's header (read token by token where it says where each token's text ends)."""
+        """Whether the server ends the reply within the engine's `delta` of the turn (read token by token where it
+        says where each token's text ends)."""
         start = 0
         for end, tokens in _token_text_runs(delta.text_ends()):
             if self.feed(delta.text[start:end], tokens) is not None:
-                return self.ended_by in ("stop", "header")
+                return True
             start = end
         return False
 
@@ -366,9 +366,9 @@ def _completion_ended_at_stop(completion: CompletionOutput, token_ends: list[int
 def _completion_ended_by_the_server(completion: CompletionOutput, tokens: int, text_end: int,
                                    has_tool_calls: bool) -> CompletionOutput:
     """The raw `completion` ended at its `tokens`-th token, whose text ends at `text_end`, where the server ends the
-    reply for another reason than a stop string (another role's header, P-HDR-8): its text and tokens through that
-    token, finish_reason as the server reports it (`tool_calls` if the reply holds calls, else `stop`, P-API-2) and
-    no stop_reason, as the server's."""
+    reply for another reason than a stop string (another role's header, P-HDR-8, or with `parallel_tool_calls=False`
+    the first call): its text and tokens through that token, finish_reason as the server reports it (`tool_calls` if
+    the reply holds calls, else `stop`, P-API-2) and no stop_reason, as the server's."""
     return replace(completion, text=completion.text[:text_end], token_ids=completion.token_ids[:tokens],
                    finish_reason=finish_reason(has_tool_calls=has_tool_calls, length_limited=False), stop_reason=None,
                    logprobs=None if completion.logprobs is None else completion.logprobs[:tokens])
@@ -839,9 +839,9 @@ class LLM:
         stop string: its text before the stop string (through it with `include_stop_str_in_output`), its tokens
         through the one the stop string ends in, finish_reason "stop" and the string as stop_reason. The engine
         reads each completion as it generates it and ends it at that token, as the server ends it (with `n` > 1,
-        each its own); so it does at a header the model writes for another role (P-HDR-8), the raw turn ending at
-        that token with the server's finish_reason ("stop", "tool_calls" after calls) and no stop_reason. As on the
-        server (P-REQ-1),
+        each its own); so it does at a header the model writes for another role (P-HDR-8) and, with
+        `parallel_tool_calls=False`, at the first call, the raw turn ending at that token with the server's
+        finish_reason ("stop", "tool_calls" after calls) and no stop_reason. As on the server (P-REQ-1),
         the turn is generated with its special tokens, which the parser reads; `skip_special_tokens` then decides
         what the parsed reply shows: None (default) or True hides every special token but the framing, False
         hides none. A max_tokens past max_model_len ends the turn there (finish_reason "length"), as in vLLM.
@@ -935,7 +935,7 @@ class LLM:
                      "continue_prefix": final.body if final else "", "verbatim_content": turn.constrained_answer}
                     for turn, final in zip(chat_turns, continued, strict=True)]
         # each completion ends where the server's chat ends it: at a stop string in its answer (P-REQ-2), at another
-        # role's header (P-HDR-8)
+        # role's header (P-HDR-8), with parallel_tool_calls=False at the first call
         server_readings = [functools.partial(_ServerReading, reading, single_call=not parallel_tool_calls,
                                              stop=turn.stop, include_stop=turn.include_stop,
                                              min_tokens=turn.params.min_tokens)
@@ -965,7 +965,7 @@ class LLM:
                 if stop_string is not None:  # the raw turn ends there too, as vLLM's generation ends at a stop string
                     completion = _completion_ended_at_stop(completion, token_ends, reader.content_spans, content,
                                                            stop_string, turn.include_stop)
-                elif ended_by == "header":  # the raw turn ends at the token the server ends the reply at
+                elif ended_by is not None:  # the raw turn ends at the token the server ends the reply at
                     tokens = bisect.bisect_left(token_ends, len(read)) + 1
                     completion = _completion_ended_by_the_server(completion, tokens, len(read), bool(calls))
                 choice = ChatOutput(parsed.reasoning, content, calls, replace(output, outputs=[completion]),

@@ -630,13 +630,15 @@ def test_llm_chat_generates_on_past_a_stop_string_in_the_reasoning(server, llm, 
 
 @pytest.mark.parametrize(("key", "parallel_tool_calls", "finish_reason"), [
     ("[invent-user]", True, "stop"),  # P-HDR-8: the model invents the user's next turn
+    ("[two-calls]", False, "tool_calls"),  # the first call, with parallel_tool_calls false
 ])
 def test_llm_chat_stops_generating_where_the_server_ends_the_reply(client, server, llm, monkeypatch, key,
                                                                   parallel_tool_calls, finish_reason):
-    """Where the server ends the reply at another role's header, LLM.chat generated the turn on to its end or
-    max_tokens and returned all of it raw (38 tokens to the server's 16 for an invented user turn); the completion now
-    stops at the token the server ends it at, its raw output cut there, with the server's completion_tokens,
-    finish_reason and stop_reason (none: no stop string ended it)."""
+    """Where the server ends the reply at another role's header or, with parallel_tool_calls false, at the first
+    call, LLM.chat generated the turn on to its end or max_tokens and returned all of it raw (38 tokens to the
+    server's 16 for an invented user turn, 99 to 51 for two calls); the completion now stops at the token the server
+    ends it at, its raw output cut there, with the server's completion_tokens, finish_reason and stop_reason (none:
+    no stop string ended it)."""
     script = SCRIPTS[key][0]
     request = _request(key, tools=TOOLS, logprobs=True, parallel_tool_calls=parallel_tool_calls)
     served = client.chat.completions.create(**request)
