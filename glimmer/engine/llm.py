@@ -123,7 +123,7 @@ class ChatOutput:
     output: RequestOutput
     choices: list[ChatOutput] = field(default_factory=list)
     stop_string: str | None = None  # the stop string that ended the answer (stop strings match the answer only)
-    ended_early: bool = False  # the server would end the reply before the engine did (`_turn_as_the_server_reads_it`)
+    ended_early: bool = False  # the server would end the reply before the engine did (`_ServerReading.ended_by`)
 
     # vLLM's LLM.chat returns RequestOutputs: what vLLM code reads of one (`out.outputs[0].text`) is `output`'s
     @property
@@ -216,18 +216,10 @@ def _unarmed_answer_characters(parser: OutputParser, armed_after: int) -> int:
     return answer_characters_before(parser.content_spans, armed_after)
 
 
-def _read_whole(text: str, reading: Mapping[str, Any]) -> tuple[list[Delta], OutputParser]:
-    """The deltas of an OutputParser (`reading`: its arguments) fed all of the turn `text`, then finished: what
-    `parse_output` assembles, kept for `_content_breaks` too; and that parser, whose `content_spans` place the answer
-    in the turn."""
-    parser = OutputParser(**reading)
-    return [parser.feed(text), parser.finish()], parser
-
-
 def _content_breaks(deltas: Iterable[Delta]) -> list[int]:
-    """Where, in the answer of a turn read as `deltas` (`_read_whole`), reasoning or a call came between two pieces
-    of it: no stop string counts across such a place, as the server releases the answer text it holds back for a
-    possible stop string before another kind's output (server/choice_stream.py)."""
+    """Where, in the answer of a turn read as `deltas` (`_ServerReading.finish`), reasoning or a call came between
+    two pieces of it: no stop string counts across such a place, as the server releases the answer text it holds back
+    for a possible stop string before another kind's output (server/choice_stream.py)."""
     breaks: list[int] = []
     length = 0
     for kind, payload in (event for delta in deltas for event in delta.events):
@@ -244,7 +236,8 @@ class _ServerReading:
     tool result, P-HDR-8), with `single_call` (`parallel_tool_calls=False`) at the first finished call, and at the
     first stop string in the answer (P-REQ-2) that ends past the text of the first `min_tokens` tokens, counted
     neither across reasoning nor a call between two pieces of the answer (`_content_breaks`). `reading`:
-    OutputParser's arguments."""
+    OutputParser's arguments. The one reading of a completion, as it is generated and after (`finish`): its parser
+    logs each of its warnings once."""
 
     def __init__(self, reading: Mapping[str, Any], *, single_call: bool, stop: list[str], include_stop: bool,
                  min_tokens: int):
@@ -299,7 +292,19 @@ class _ServerReading:
             if self.feed(delta.text[start:end], tokens) is not None:
                 return True
             start = end
-        return False
+        return start < len(delta.text) and self.feed(delta.text[start:], 0) is not None  # text no token released
+
+    @property
+    def characters(self) -> int:
+        """How many characters of the turn the reply holds: those read, through the token the server ends it at."""
+        return self._characters
+
+    def finish(self) -> tuple[list[Delta], OutputParser]:
+        """The deltas of the reply read, the parser's last included (what `ParsedOutput.from_deltas` assembles and
+        `_content_breaks` reads), and the parser, whose `content_spans` place the answer in the turn. Called once,
+        when the turn's text is all read."""
+        self._deltas.append(self._parser.finish())
+        return self._deltas, self._parser
 
 
 def _token_text_runs(text_ends: list[int]) -> list[tuple[int, int]]:
@@ -320,31 +325,6 @@ def _armed_after(token_ends: list[int], min_tokens: int, stop: list[str]) -> int
     a stop string counts; -1 without min_tokens or stop strings, the turn's end if it has fewer tokens."""
     min_tokens = min(min_tokens, len(token_ends))
     return token_ends[min_tokens - 1] if stop and min_tokens else -1
-
-
-def _turn_as_the_server_reads_it(text: str, reading: Mapping[str, Any], token_ends: list[int], *, single_call: bool,
-                                  stop: list[str], include_stop: bool, min_tokens: int) -> tuple[str, str | None]:
-    """(the start of the generated turn `text` that the server reads, why the server ends the choice there
-    (`_ServerReading.ended_by`) or None): it ends it where `_ServerReading` says, after the token where it finds that
-    (`token_ends`: where each token's text ends in `text`). What the model wrote after that point (a call made for an
-    invented user turn, reasoning after the stop string) is no part of the reply. `reading`: OutputParser's arguments.
-    The turn is read a token at a time only where one of those ends it."""
-    deltas, whole = _read_whole(text, reading)
-    content = ParsedOutput.from_deltas(deltas).content
-    breaks = _content_breaks(deltas) if stop else []
-    armed_after = _armed_after(token_ends, min_tokens, stop)
-    if not (whole.other_role_header_seen or (single_call and (whole.valid_call_names or whole.unresolved_call_count))
-            or _cut_at_stop(content, stop, include_stop, _unarmed_answer_characters(whole, armed_after),
-                            breaks)[1] is not None):
-        return text, None
-    server = _ServerReading(reading, single_call=single_call, stop=stop, include_stop=include_stop,
-                            min_tokens=min_tokens)
-    start = 0
-    for end in token_ends:
-        if server.feed(text[start:end]) is not None:
-            return text[:end], server.ended_by
-        start = end
-    return text, None
 
 
 def _completion_ended_at_stop(completion: CompletionOutput, token_ends: list[int], content_spans: list[tuple[int, int]],
@@ -668,14 +648,14 @@ class LLM:
              use_tqdm: bool | Callable[..., Any] | None, names: list[str],
              controller_factories: list[ControllerFactory | None] | None = None, generated: list[int] | None = None,
              hidden: list[frozenset[int]] | None = None,
-             server_readings: list[Callable[[], _ServerReading]] | None = None) -> list[RequestOutput]:
+             server_readings: list[list[_ServerReading]] | None = None) -> list[RequestOutput]:
         """Generate every prompt. As vLLM's offline LLM, a max_tokens past max_model_len ends the output there
         (finish_reason "length"); only a prompt with no room for one token is refused. Errors about a prompt
         name it as the caller does, `names[i]` ("prompt", "prompts[1]", "messages", ...); `call` is the method
         the caller called ("generate", "chat", "beam_search"), which a refusal names. `generated` and
         `hidden`, per prompt: LLMEngine.add_request's `generated` and `hidden_token_ids`; `server_readings`, per
-        prompt: what makes, per completion, the reading of its turn that ends it (aborted, finish_reason "abort") as
-        soon as the server's chat would end it (`_ServerReading.ends_in`). Calls from
+        prompt: per completion, the reading of its turn, which reads every delta of it and ends it (aborted,
+        finish_reason "abort") as soon as the server's chat would end it (`_ServerReading.ends_in`). Calls from
         several threads run one after another; a call made inside another on the same thread (from a `use_tqdm`
         callable) is refused, as it would wait for itself. Ctrl-C lands between queuing requests and between steps
         (`InterruptsBetweenSteps`), where no KV block is half taken or half freed."""
@@ -695,11 +675,11 @@ class LLM:
                    controller_factories: list[ControllerFactory | None] | None,
                    generated: list[int] | None = None,
                    hidden: list[frozenset[int]] | None = None,
-                   server_readings: list[Callable[[], _ServerReading]] | None = None) -> list[RequestOutput]:
+                   server_readings: list[list[_ServerReading]] | None = None) -> list[RequestOutput]:
         """`_run`, with no other call of this LLM stepping its engine; a Ctrl-C `interrupts` noted is raised after a
         request is queued or a step is taken in."""
         results: dict[str, RequestOutput] = {}
-        readings: dict[str, list[_ServerReading]] = {}  # per request that server_readings read, each completion's
+        readings: dict[str, list[_ServerReading]] = {}  # per request of server_readings, each completion's
         order = []
         factories = controller_factories or [None] * len(prompts)
         bar = self._progress_bar(use_tqdm, len(prompts))
@@ -726,7 +706,7 @@ class LLM:
                     metrics=RequestMetrics(arrival_time=arrival_time, last_token_time=arrival_time),
                 )
                 if server_readings:
-                    readings[request_id] = [server_readings[i]() for _ in range(params.n)]
+                    readings[request_id] = server_readings[i]
                 interrupts.check()
             while self.engine.has_unfinished_requests:
                 deltas = self._step()
@@ -737,7 +717,7 @@ class LLM:
                         continue
                     self._receive(request, delta, received, bar)
                     reading = readings.get(delta.request_id)
-                    if delta.finish_reason is None and reading is not None and reading[delta.index].ends_in(delta):
+                    if reading is not None and reading[delta.index].ends_in(delta) and delta.finish_reason is None:
                         # the server's chat ends it there too, by the same abort (P-REQ-2, P-HDR-8)
                         for final in self.engine.abort(delta.request_id, delta.index):
                             self._receive(request, final, received, bar)
@@ -936,25 +916,25 @@ class LLM:
                     for turn, final in zip(chat_turns, continued, strict=True)]
         # each completion ends where the server's chat ends it: at a stop string in its answer (P-REQ-2), at another
         # role's header (P-HDR-8), with parallel_tool_calls=False at the first call
-        server_readings = [functools.partial(_ServerReading, reading, single_call=not parallel_tool_calls,
-                                             stop=turn.stop, include_stop=turn.include_stop,
-                                             min_tokens=turn.params.min_tokens)
-                           for turn, reading in zip(chat_turns, readings, strict=True)]
+        # (the one reading of each: after the turn, LLM.chat parses what it read)
+        server_readings = [[_ServerReading(reading, single_call=not parallel_tool_calls, stop=turn.stop,
+                                           include_stop=turn.include_stop, min_tokens=turn.params.min_tokens)
+                            for _ in range(turn.params.n)] for turn, reading in zip(chat_turns, readings, strict=True)]
         outputs = self._run("chat", prepared, [turn.params for turn in chat_turns], use_tqdm, names,
                             [turn.controller_factory for turn in chat_turns], hidden=hidden,
                             server_readings=server_readings)
         chats = []
-        for number, (output, turn, reading) in enumerate(zip(outputs, chat_turns, readings, strict=True)):
+        for number, (output, turn, servers) in enumerate(zip(outputs, chat_turns, server_readings, strict=True)):
             choices = []
-            for completion in output.outputs:
+            for completion, server in zip(output.outputs, servers, strict=True):
                 pieces = _token_pieces(self.engine.tokenizer, completion.text, completion.token_ids, hidden[number])
                 text, token_ends = "".join(pieces), list(itertools.accumulate(map(len, pieces)))
                 # with min_tokens, a stop string counts if it ends past the min_tokens-th token's text
                 armed_after = _armed_after(token_ends, turn.params.min_tokens, turn.stop)
-                read, ended_by = _turn_as_the_server_reads_it(
-                    text, reading, token_ends, single_call=not parallel_tool_calls, stop=turn.stop,
-                    include_stop=turn.include_stop, min_tokens=turn.params.min_tokens)
-                deltas, reader = _read_whole(read, reading)
+                # what the server reads of the turn: what the model wrote after the point where it ends the reply
+                # (a call made for an invented user turn, reasoning after the stop string) is no part of it
+                read, ended_by = text[: server.characters], server.ended_by
+                deltas, reader = server.finish()
                 parsed = ParsedOutput.from_deltas(deltas)
                 breaks = _content_breaks(deltas) if turn.stop else []
                 content, stop_string = _cut_at_stop(parsed.content, turn.stop, turn.include_stop,

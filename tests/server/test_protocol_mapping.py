@@ -8,6 +8,7 @@ not streamed, and the two must agree (P-API-4).
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import httpx
@@ -655,6 +656,20 @@ def test_llm_chat_stops_generating_where_the_server_ends_the_reply(client, serve
         served_choice.finish_reason, served_choice.model_extra["stop_reason"]) == (finish_reason, None)
     assert (reply.finish_reason, reply.content, reply.choices[0].outputs) == (
         finish_reason, served_choice.message.content, [raw])
+
+
+def test_llm_chat_logs_each_warning_of_the_parser_once_per_completion(llm, caplog):
+    """LLM.chat read a turn again after generating it, up to three times, and each reading logged the parser's
+    warnings: one reply inventing a user turn logged "discarding a message with the ill-formed header 'user'" three
+    times. Each completion now logs it once, as the server does."""
+    with caplog.at_level(logging.WARNING, logger="glimmer.protocol.output_parser"):
+        reply = llm.chat([{"role": "user", "content": "[invent-user] Go on."}],
+                         SamplingParams(temperature=0, max_tokens=200, n=2), chat_template_kwargs=PINNED_DATE,
+                         use_tqdm=False)[0]
+    assert [choice.content for choice in reply.choices] == ["Sure, done."] * 2
+    discarded = [record for record in caplog.records if "discarding a message" in record.getMessage()]
+    assert [record.getMessage() for record in discarded] == [
+        "discarding a message with the ill-formed header 'user'"] * 2
 
 
 def test_special_tokens_stay_out_of_reasoning_and_answer_unless_asked_for(client):
