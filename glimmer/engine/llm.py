@@ -186,14 +186,15 @@ class _ChatTurn:
 
 
 def _cut_at_stop(content: str | None, stop: list[str], include: bool, armed_from: int = 0,
-                 breaks: Collection[int] = ()) -> tuple[str | None, str | None]:
-    """(the answer up to its first stop string, kept if `include`; that stop string), or (content, None).
+                 breaks: Collection[int] = ()) -> tuple[str | None, str | None, int | None]:
+    """(the answer up to its first stop string, kept if `include`; that stop string; where it starts in the answer),
+    or (content, None, None).
 
     As on the server, with `min_tokens` a stop string counts only if it ends past the answer's first `armed_from`
     characters, those in the text of the first min_tokens tokens (`_unarmed_answer_characters`). Nor does one count
     across `breaks` (`_content_breaks`)."""
     if not content or not stop:
-        return content, None
+        return content, None, None
     found = []
     for s in stop:
         at = content.find(s)
@@ -202,9 +203,9 @@ def _cut_at_stop(content: str | None, stop: list[str], include: bool, armed_from
         if at >= 0:
             found.append((at, s))
     if not found:
-        return content, None
+        return content, None, None
     at, matched = first_to_end(found)
-    return content[: at + len(matched) if include else at] or None, matched
+    return content[: at + len(matched) if include else at] or None, matched, at
 
 
 def _unarmed_answer_characters(parser: OutputParser, armed_after: int) -> int:
@@ -328,12 +329,12 @@ def _armed_after(token_ends: list[int], min_tokens: int, stop: list[str]) -> int
 
 
 def _completion_ended_at_stop(completion: CompletionOutput, token_ends: list[int], content_spans: list[tuple[int, int]],
-                              content: str | None, stop_string: str, include: bool) -> CompletionOutput:
+                              start: int, stop_string: str, include: bool) -> CompletionOutput:
     """The raw `completion` (its text the turn whose tokens end at `token_ends`) ended where `stop_string` ended its
     answer, as vLLM's generation ends at a stop string: its text before the stop string (through it if `include`),
-    its tokens through the one the stop string ends in, finish_reason "stop" and the string as stop_reason. `content`
-    is the answer as cut (`_cut_at_stop`), `content_spans` where the answer lies in the turn."""
-    start = len(content or "") - (len(stop_string) if include else 0)  # the stop string's place in the answer
+    its tokens through the one the stop string ends in, finish_reason "stop" and the string as stop_reason. `start`
+    is where the stop string starts in the answer (`_cut_at_stop`), `content_spans` where the answer lies in the
+    turn."""
     first = offset_of_answer_character(content_spans, start + 1)
     last = offset_of_answer_character(content_spans, start + len(stop_string))
     assert first is not None and last is not None, "the stop string was found in the answer these spans hold"
@@ -937,13 +938,14 @@ class LLM:
                 deltas, reader = server.finish()
                 parsed = ParsedOutput.from_deltas(deltas)
                 breaks = _content_breaks(deltas) if turn.stop else []
-                content, stop_string = _cut_at_stop(parsed.content, turn.stop, turn.include_stop,
-                                                    _unarmed_answer_characters(reader, armed_after), breaks)
+                content, stop_string, stop_at = _cut_at_stop(parsed.content, turn.stop, turn.include_stop,
+                                                             _unarmed_answer_characters(reader, armed_after), breaks)
                 context_full = len(output.prompt_token_ids) + len(completion.token_ids) >= self.engine.max_model_len
                 # `parallel_tool_calls=False`: the first call, as the server returns it under any tool_choice
                 calls = list(parsed.tool_calls)[: None if parallel_tool_calls else 1]
-                if stop_string is not None:  # the raw turn ends there too, as vLLM's generation ends at a stop string
-                    completion = _completion_ended_at_stop(completion, token_ends, reader.content_spans, content,
+                # the raw turn ends where the stop string ended the answer, as vLLM's generation ends at a stop string
+                if stop_string is not None and stop_at is not None:
+                    completion = _completion_ended_at_stop(completion, token_ends, reader.content_spans, stop_at,
                                                            stop_string, turn.include_stop)
                 elif ended_by is not None:  # the raw turn ends at the token the server ends the reply at
                     tokens = bisect.bisect_left(token_ends, len(read)) + 1

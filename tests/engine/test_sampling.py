@@ -413,9 +413,9 @@ def test_llm_chat_cuts_an_answer_at_the_stop_string_that_ends_first():
     "abcd" (the earliest to start) where the text had come letter by letter."""
     from glimmer.engine.llm import _cut_at_stop
 
-    assert _cut_at_stop("xabcd!", ["bc", "abcd"], False) == ("xa", "bc")
-    assert _cut_at_stop("xabcd!", ["abcd", "bc"], True) == ("xabc", "bc")
-    assert _cut_at_stop("abc", ["abc", "bc"], False) == (None, "abc")
+    assert _cut_at_stop("xabcd!", ["bc", "abcd"], False) == ("xa", "bc", 2)
+    assert _cut_at_stop("xabcd!", ["abcd", "bc"], True) == ("xabc", "bc", 2)
+    assert _cut_at_stop("abc", ["abc", "bc"], False) == (None, "abc", 0)
 
 
 def test_top_k_candidates_filter_exactly_as_a_full_sort(monkeypatch):
