@@ -111,8 +111,12 @@ class ChatOutput:
     """One conversation's reply, parsed by the protocol: reasoning, answer and tool calls, plus the raw output.
 
     The fields are the first completion's; `choices` holds every completion (`n` of the SamplingParams) parsed
-    the same way, each with its own one-completion `output`. `output` is the turn as generated, special tokens
-    (its framing) included whatever `skip_special_tokens` says; that applies to the parsed fields (P-REQ-1).
+    the same way, each with its own one-completion `output`. `output` holds each completion raw, special tokens
+    (its framing) included whatever `skip_special_tokens` says (that applies to the parsed fields, P-REQ-1), ending
+    where the server ends the reply: where a stop string ended the answer (its text before the stop string, through
+    it with `include_stop_str_in_output`, finish_reason "stop" and the string as stop_reason), at the token of another
+    role's header (P-HDR-8) or, with `parallel_tool_calls=False`, of the end of the first call (the server's
+    finish_reason, no stop_reason), else at the turn's end or max_tokens as generated.
     What vLLM code reads of the RequestOutput its `LLM.chat` returns (`outputs`, `prompt`, `prompt_token_ids`,
     `request_id`, `num_cached_tokens`, `prompt_logprobs`, `metrics`, `finished`) is `output`'s, so such code runs:
     `outputs[0].text` is the raw turn there as here, `content` the answer."""
@@ -128,7 +132,9 @@ class ChatOutput:
     # vLLM's LLM.chat returns RequestOutputs: what vLLM code reads of one (`out.outputs[0].text`) is `output`'s
     @property
     def outputs(self) -> list[CompletionOutput]:
-        """`output.outputs`: every completion as generated (the raw turn, as vLLM's `LLM.chat` returns it)."""
+        """`output.outputs`: every completion, the raw turn as vLLM's `LLM.chat` returns it, each ending where the
+        server ends its reply (at a stop string in the answer, another role's header or, with
+        `parallel_tool_calls=False`, the first call; see the class)."""
         return self.output.outputs
 
     @property
