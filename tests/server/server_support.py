@@ -144,6 +144,7 @@ class ScriptedRunner:
     its output still agrees with, the first transcript most (logit 100, then 90, …); with none left it
     prefers `<|eot|>`. Under greedy sampling the output follows the first transcript the token controller
     (if any) lets it follow: a transcript listed second is the model's fallback when the first is steered off.
+    `add_per_choice(key, *texts)` gives each completion of such a request (`n`) its own transcript instead.
     """
 
     def __init__(self, engine: LLMEngine):
@@ -152,11 +153,16 @@ class ScriptedRunner:
         self.eot_id = self.tokenizer.require_token_id(EOT)
         self.prompts: list[str] = []
         self._scripts: dict[str, list[list[int]]] = {}
+        self._per_choice: dict[str, list[list[int]]] = {}
         self._by_sequence: dict[tuple[str, int], list[list[int]]] = {}
         self.step_delay_s = 0.0  # a step's time: a client then reads as fast as tokens come (no deltas merged)
 
     def add(self, key: str, *texts: str) -> None:
         self._scripts[key] = [self.tokenizer.encode(text) for text in texts]
+
+    def add_per_choice(self, key: str, *texts: str) -> None:
+        """Completion i of every request whose prompt contains `key` follows `texts[i]` alone."""
+        self._per_choice[key] = [self.tokenizer.encode(text) for text in texts]
 
     def add_ids(self, key: str, *transcripts: list[int]) -> None:
         """`add` with transcripts of token ids, for tokens no text encodes to (a special token spelled as text)."""
@@ -167,7 +173,8 @@ class ScriptedRunner:
         if ident not in self._by_sequence:
             prompt = self.tokenizer.decode(seq.prompt_token_ids)
             self.prompts.append(prompt)
-            found = [ids for key, ids in self._scripts.items() if key in prompt]
+            found = [[ids[seq.index]] for key, ids in self._per_choice.items() if key in prompt]
+            found += [ids for key, ids in self._scripts.items() if key in prompt]
             self._by_sequence[ident] = found[0] if found else []
         return self._by_sequence[ident]
 

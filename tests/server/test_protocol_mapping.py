@@ -94,6 +94,7 @@ SCRIPTS = {
     "[empty-call]": [' to=get_time<|message|><atem:function_calls>\n<atem:invoke name="get_time">\n</atem:invoke>\n'
                      '</atem:function_calls><|eot|>'],
 }
+PER_CHOICE_SCRIPTS = {"[per-choice]": [INVENTED_USER_TURN, LONG_AFTER_THE_STOP]}  # completion i follows script i
 TOOLS = [WEATHER_TOOL, TIME_TOOL]
 WEATHER_ARGUMENTS = {"city": "Paris", "days": 3}
 
@@ -103,6 +104,8 @@ def server(make_tiny):
     with live_server(make_tiny(), scripted=True) as live:
         for key, transcripts in SCRIPTS.items():
             live.engine.engine.runner.add(key, *transcripts)
+        for key, transcripts in PER_CHOICE_SCRIPTS.items():
+            live.engine.engine.runner.add_per_choice(key, *transcripts)
         yield live
 
 
@@ -112,6 +115,8 @@ def llm(make_tiny):
     llm.engine.runner = ScriptedRunner(llm.engine)
     for key, transcripts in SCRIPTS.items():
         llm.engine.runner.add(key, *transcripts)
+    for key, transcripts in PER_CHOICE_SCRIPTS.items():
+        llm.engine.runner.add_per_choice(key, *transcripts)
     return llm
 
 
@@ -656,6 +661,28 @@ def test_llm_chat_stops_generating_where_the_server_ends_the_reply(client, serve
         served_choice.finish_reason, served_choice.model_extra["stop_reason"]) == (finish_reason, None)
     assert (reply.finish_reason, reply.content, reply.choices[0].outputs) == (
         finish_reason, served_choice.message.content, [raw])
+
+
+def test_llm_chat_outputs_hold_each_completion_where_the_server_ends_it(client, server, llm):
+    """With n=2 and a different turn per completion (one inventing a user turn, one whose answer a stop string ends),
+    the request's `outputs` (what vLLM code reads) hold each completion's raw output in order, ending where the server
+    ends that choice: their tokens add up to the server's completion_tokens, each with the server's finish_reason
+    and stop_reason."""
+    request = _request("[per-choice]", stop=["HALT"], n=2)
+    served = client.chat.completions.create(**request)
+    reply = llm.chat(request["messages"], SamplingParams(temperature=0, max_tokens=200, n=2, stop=["HALT"]),
+                     chat_template_kwargs=PINNED_DATE, use_tqdm=False)[0]
+    assert reply.outputs == [choice.outputs[0] for choice in reply.choices]
+    assert [raw.index for raw in reply.outputs] == [0, 1]
+    assert sum(len(raw.token_ids) for raw in reply.outputs) == served.usage.completion_tokens
+    assert [(raw.finish_reason, raw.stop_reason) for raw in reply.outputs] == [
+        (choice.finish_reason, choice.model_extra["stop_reason"]) for choice in served.choices] == [
+        ("stop", None), ("stop", "HALT")]
+    invented, stopped = (raw.text for raw in reply.outputs)
+    assert INVENTED_USER_TURN.startswith(invented) and len(invented) < len(INVENTED_USER_TURN)
+    answer = LONG_AFTER_THE_STOP.rindex("<|message|>")
+    assert stopped == LONG_AFTER_THE_STOP[: LONG_AFTER_THE_STOP.index("HALT", answer)]
+    assert [choice.content for choice in reply.choices] == [choice.message.content for choice in served.choices]
 
 
 def test_llm_chat_logs_each_warning_of_the_parser_once_per_completion(llm, caplog):
