@@ -574,6 +574,22 @@ def test_llm_chat_raw_completion_ends_where_the_stop_string_ended_the_answer(ser
     assert (reply.stop_string, reply.finish_reason, reply.choices[0].outputs) == (stop, "stop", [raw])
 
 
+def test_llm_chat_raw_completion_a_stop_string_ended_after_a_call_reports_the_servers_finish_reason(client, llm):
+    """A stop string in an answer after a call ends the reply with the call, the server's finish_reason tool_calls
+    (P-API-2) and the string its stop_reason; LLM.chat's raw completion said finish_reason stop, as it would with
+    no call, though where another role's header or the first call ends the reply it reports the server's."""
+    request = _request("[call-then-answer]", tools=TOOLS, stop=["sunny"])
+    served = client.chat.completions.create(**request)
+    reply = llm.chat(request["messages"], SamplingParams(temperature=0, max_tokens=200, stop=["sunny"]), tools=TOOLS,
+                     chat_template_kwargs=PINNED_DATE, use_tqdm=False)[0]
+    raw, served_choice = reply.outputs[0], served.choices[0]
+    assert raw.text == CALL_THEN_ANSWER[: CALL_THEN_ANSWER.index("sunny")]
+    assert len(raw.token_ids) == served.usage.completion_tokens
+    assert (raw.finish_reason, raw.stop_reason) == (
+        served_choice.finish_reason, served_choice.model_extra["stop_reason"]) == ("tool_calls", "sunny")
+    assert reply.finish_reason == "tool_calls"
+
+
 def _counting_sampled_tokens(llm, monkeypatch) -> list[int]:
     """A list whose length is kept as the number of tokens the engine of `llm` samples from now on."""
     sampled: list[int] = []
