@@ -924,8 +924,8 @@ class LLM:
                      "continue_prefix": final.body if final else "", "verbatim_content": turn.constrained_answer}
                     for turn, final in zip(chat_turns, continued, strict=True)]
         # each completion ends where the server's chat ends it: at a stop string in its answer (P-REQ-2), at another
-        # role's header (P-HDR-8), with parallel_tool_calls=False at the first call
-        # (the one reading of each: after the turn, LLM.chat parses what it read)
+        # role's header (P-HDR-8), with parallel_tool_calls=False at the first call; its reply is what this reading
+        # read (it is read once)
         server_readings = [[_ServerReading(reading, single_call=not parallel_tool_calls, stop=turn.stop,
                                            include_stop=turn.include_stop, min_tokens=turn.params.min_tokens)
                             for _ in range(turn.params.n)] for turn, reading in zip(chat_turns, readings, strict=True)]
@@ -937,12 +937,11 @@ class LLM:
             choices = []
             for completion, server in zip(output.outputs, servers, strict=True):
                 pieces = _token_pieces(self.engine.tokenizer, completion.text, completion.token_ids, hidden[number])
-                text, token_ends = "".join(pieces), list(itertools.accumulate(map(len, pieces)))
+                token_ends = list(itertools.accumulate(map(len, pieces)))
                 # with min_tokens, a stop string counts if it ends past the min_tokens-th token's text
                 armed_after = _armed_after(token_ends, turn.params.min_tokens, turn.stop)
-                # what the server reads of the turn: what the model wrote after the point where it ends the reply
-                # (a call made for an invented user turn, reasoning after the stop string) is no part of it
-                read, ended_by = text[: server.characters], server.ended_by
+                # the reply the server reads: what the model wrote after the point where it ends the reply (a call
+                # made for an invented user turn, reasoning after the stop string) is no part of it
                 deltas, reader = server.finish()
                 parsed = ParsedOutput.from_deltas(deltas)
                 breaks = _content_breaks(deltas) if turn.stop else []
@@ -955,11 +954,11 @@ class LLM:
                 if stop_string is not None and stop_at is not None:
                     completion = _completion_ended_at_stop(completion, token_ends, reader.content_spans, stop_at,
                                                            stop_string, turn.include_stop, bool(calls))
-                elif ended_by is not None:  # the raw turn ends at the token the server ends the reply at
-                    tokens = bisect.bisect_left(token_ends, len(read)) + 1
-                    completion = _completion_ended_by_the_server(completion, tokens, len(read), bool(calls))
+                elif server.ended_by is not None:  # the raw turn ends at the token the server ends the reply at
+                    tokens = bisect.bisect_left(token_ends, server.characters) + 1
+                    completion = _completion_ended_by_the_server(completion, tokens, server.characters, bool(calls))
                 choice = ChatOutput(parsed.reasoning, content, calls, replace(output, outputs=[completion]),
-                                    stop_string=stop_string, ended_early=ended_by is not None)
+                                    stop_string=stop_string, ended_early=server.ended_by is not None)
                 where = f"choice {completion.index}" + (f" of conversation {number}" if len(conversations) > 1 else "")
                 unsatisfied = plan.unsatisfied([call.name for call in calls], choice.finish_reason, where=where,
                                                context_full_at=self.engine.max_model_len if context_full else None)
