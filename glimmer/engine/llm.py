@@ -83,7 +83,7 @@ from glimmer.protocol import (
     resolve_reasoning_strength,
 )
 from glimmer.protocol.chat_template import REASONING_FIELDS
-from glimmer.protocol.openai_mapping import answer_characters_before, finish_reason, offset_of_answer_character
+from glimmer.protocol.openai_mapping import answer_characters_before, offset_of_answer_character
 from glimmer.protocol.tool_choice import ToolPlan, plan_tools
 from glimmer.protocol.turn_grammar import MAX_THINKING_TOKEN_BUDGET
 
@@ -115,8 +115,9 @@ class ChatOutput:
     (its framing) included whatever `skip_special_tokens` says (that applies to the parsed fields, P-REQ-1), ending
     where the server ends the reply: where a stop string ended the answer (its text before the stop string, through
     it with `include_stop_str_in_output`, the string as stop_reason), at the token of another role's header (P-HDR-8)
-    or, with `parallel_tool_calls=False`, of the end of the first call (no stop_reason), each with the server's
-    finish_reason ("stop", "tool_calls" after calls), else at the turn's end or max_tokens as generated.
+    or, with `parallel_tool_calls=False`, of the end of the first call (no stop_reason), each with finish_reason
+    "stop" in the engine's words, as vLLM's raw outputs (the server's, "tool_calls" after calls, is
+    `finish_reason`'s), else at the turn's end or max_tokens as generated.
     What vLLM code reads of the RequestOutput its `LLM.chat` returns (`outputs`, `prompt`, `prompt_token_ids`,
     `request_id`, `num_cached_tokens`, `prompt_logprobs`, `metrics`, `finished`) is `output`'s, so such code runs:
     `outputs[0].text` is the raw turn there as here, `content` the answer."""
@@ -335,30 +336,29 @@ def _armed_after(token_ends: list[int], min_tokens: int, stop: list[str]) -> int
 
 
 def _completion_ended_at_stop(completion: CompletionOutput, token_ends: list[int], content_spans: list[tuple[int, int]],
-                              start: int, stop_string: str, include: bool, has_tool_calls: bool) -> CompletionOutput:
+                              start: int, stop_string: str, include: bool) -> CompletionOutput:
     """The raw `completion` (its text the turn whose tokens end at `token_ends`) ended where `stop_string` ended its
     answer, as vLLM's generation ends at a stop string: its text before the stop string (through it if `include`),
-    its tokens through the one the stop string ends in, the string as stop_reason and finish_reason as the server
-    reports it (`tool_calls` if the reply holds calls, else `stop`, P-API-2). `start` is where the stop string
-    starts in the answer (`_cut_at_stop`), `content_spans` where the answer lies in the turn."""
+    its tokens through the one the stop string ends in, finish_reason `stop` and the string as stop_reason, in the
+    engine's words as vLLM's raw outputs (`ChatOutput.finish_reason` is the server's, `tool_calls` after calls).
+    `start` is where the stop string starts in the answer (`_cut_at_stop`), `content_spans` where the answer lies in
+    the turn."""
     first = offset_of_answer_character(content_spans, start + 1)
     last = offset_of_answer_character(content_spans, start + len(stop_string))
     assert first is not None and last is not None, "the stop string was found in the answer these spans hold"
     tokens = bisect.bisect_left(token_ends, last) + 1
     return replace(completion, text=completion.text[: last if include else first - 1],
-                   token_ids=completion.token_ids[:tokens], stop_reason=stop_string,
-                   finish_reason=finish_reason(has_tool_calls=has_tool_calls, length_limited=False),
+                   token_ids=completion.token_ids[:tokens], stop_reason=stop_string, finish_reason="stop",
                    logprobs=None if completion.logprobs is None else completion.logprobs[:tokens])
 
 
-def _completion_ended_by_the_server(completion: CompletionOutput, tokens: int, text_end: int,
-                                   has_tool_calls: bool) -> CompletionOutput:
+def _completion_ended_by_the_server(completion: CompletionOutput, tokens: int, text_end: int) -> CompletionOutput:
     """The raw `completion` ended at its `tokens`-th token, whose text ends at `text_end`, where the server ends the
     reply for another reason than a stop string (another role's header, P-HDR-8, or with `parallel_tool_calls=False`
-    the first call): its text and tokens through that token, finish_reason as the server reports it (`tool_calls` if
-    the reply holds calls, else `stop`, P-API-2) and no stop_reason, as the server's."""
+    the first call): its text and tokens through that token, finish_reason `stop` (the engine's words, as vLLM's raw
+    outputs; `ChatOutput.finish_reason` is the server's, `tool_calls` after calls) and no stop_reason."""
     return replace(completion, text=completion.text[:text_end], token_ids=completion.token_ids[:tokens],
-                   finish_reason=finish_reason(has_tool_calls=has_tool_calls, length_limited=False), stop_reason=None,
+                   finish_reason="stop", stop_reason=None,
                    logprobs=None if completion.logprobs is None else completion.logprobs[:tokens])
 
 
@@ -825,12 +825,12 @@ class LLM:
         only, as on the server (P-REQ-2): reasoning and tool calls may hold them; the answer is cut at the first
         (`ChatOutput.stop_string` names it), and so is the raw turn (`outputs[0]`), as vLLM's generation ends at a
         stop string: its text before the stop string (through it with `include_stop_str_in_output`), its tokens
-        through the one the stop string ends in, the string as stop_reason and the server's finish_reason ("stop",
-        "tool_calls" after calls). The engine
+        through the one the stop string ends in, the string as stop_reason and finish_reason "stop" (the engine's
+        word, as vLLM's raw outputs; `ChatOutput.finish_reason` is the server's, "tool_calls" after calls). The engine
         reads each completion as it generates it and ends it at that token, as the server ends it (with `n` > 1,
         each its own); so it does at a header the model writes for another role (P-HDR-8) and, with
-        `parallel_tool_calls=False`, at the first call, the raw turn ending at that token with the server's
-        finish_reason ("stop", "tool_calls" after calls) and no stop_reason. As on the server (P-REQ-1),
+        `parallel_tool_calls=False`, at the first call, the raw turn ending at that token with finish_reason "stop"
+        and no stop_reason. As on the server (P-REQ-1),
         the turn is generated with its special tokens, which the parser reads; `skip_special_tokens` then decides
         what the parsed reply shows: None (default) or True hides every special token but the framing, False
         hides none. A max_tokens past max_model_len ends the turn there (finish_reason "length"), as in vLLM.
@@ -953,10 +953,10 @@ class LLM:
                 # the raw turn ends where the stop string ended the answer, as vLLM's generation ends at a stop string
                 if stop_string is not None and stop_at is not None:
                     completion = _completion_ended_at_stop(completion, token_ends, reader.content_spans, stop_at,
-                                                           stop_string, turn.include_stop, bool(calls))
+                                                           stop_string, turn.include_stop)
                 elif server.ended_by is not None:  # the raw turn ends at the token the server ends the reply at
                     tokens = bisect.bisect_left(token_ends, server.characters) + 1
-                    completion = _completion_ended_by_the_server(completion, tokens, server.characters, bool(calls))
+                    completion = _completion_ended_by_the_server(completion, tokens, server.characters)
                 choice = ChatOutput(parsed.reasoning, content, calls, replace(output, outputs=[completion]),
                                     stop_string=stop_string, ended_early=server.ended_by is not None)
                 where = f"choice {completion.index}" + (f" of conversation {number}" if len(conversations) > 1 else "")

@@ -574,10 +574,11 @@ def test_llm_chat_raw_completion_ends_where_the_stop_string_ended_the_answer(ser
     assert (reply.stop_string, reply.finish_reason, reply.choices[0].outputs) == (stop, "stop", [raw])
 
 
-def test_llm_chat_raw_completion_a_stop_string_ended_after_a_call_reports_the_servers_finish_reason(client, llm):
-    """A stop string in an answer after a call ends the reply with the call, the server's finish_reason tool_calls
-    (P-API-2) and the string its stop_reason; LLM.chat's raw completion said finish_reason stop, as it would with
-    no call, though where another role's header or the first call ends the reply it reports the server's."""
+def test_llm_chat_raw_completion_a_stop_string_ended_after_a_call_says_stop_as_vllm_where_the_reply_says_tool_calls(
+        client, llm):
+    """A stop string in an answer after a call ends the reply with the call: the server's finish_reason and
+    ChatOutput's are tool_calls (P-API-2), the string the stop_reason; the raw completion keeps the engine's word,
+    stop, as vLLM's raw outputs say only stop, length or abort."""
     request = _request("[call-then-answer]", tools=TOOLS, stop=["sunny"])
     served = client.chat.completions.create(**request)
     reply = llm.chat(request["messages"], SamplingParams(temperature=0, max_tokens=200, stop=["sunny"]), tools=TOOLS,
@@ -585,9 +586,8 @@ def test_llm_chat_raw_completion_a_stop_string_ended_after_a_call_reports_the_se
     raw, served_choice = reply.outputs[0], served.choices[0]
     assert raw.text == CALL_THEN_ANSWER[: CALL_THEN_ANSWER.index("sunny")]
     assert len(raw.token_ids) == served.usage.completion_tokens
-    assert (raw.finish_reason, raw.stop_reason) == (
-        served_choice.finish_reason, served_choice.model_extra["stop_reason"]) == ("tool_calls", "sunny")
-    assert reply.finish_reason == "tool_calls"
+    assert (served_choice.finish_reason, served_choice.model_extra["stop_reason"]) == ("tool_calls", "sunny")
+    assert (raw.finish_reason, raw.stop_reason, reply.finish_reason) == ("stop", "sunny", "tool_calls")
 
 
 def _counting_sampled_tokens(llm, monkeypatch) -> list[int]:
@@ -659,8 +659,8 @@ def test_llm_chat_stops_generating_where_the_server_ends_the_reply(client, serve
     """Where the server ends the reply at another role's header or, with parallel_tool_calls false, at the first
     call, LLM.chat generated the turn on to its end or max_tokens and returned all of it raw (38 tokens to the
     server's 16 for an invented user turn, 99 to 51 for two calls); the completion now stops at the token the server
-    ends it at, its raw output cut there, with the server's completion_tokens, finish_reason and stop_reason (none:
-    no stop string ended it)."""
+    ends it at, its raw output cut there, with the server's completion_tokens and stop_reason (none: no stop string
+    ended it); its finish_reason is stop, the engine's word, where ChatOutput's is the server's."""
     script = SCRIPTS[key][0]
     request = _request(key, tools=TOOLS, logprobs=True, parallel_tool_calls=parallel_tool_calls)
     served = client.chat.completions.create(**request)
@@ -673,8 +673,8 @@ def test_llm_chat_stops_generating_where_the_server_ends_the_reply(client, serve
     assert (len(raw.token_ids), len(raw.logprobs)) == (through, through)
     assert raw.token_ids == server.engine.engine.tokenizer.encode(script)[:through]
     assert script.startswith(raw.text) and _token_count(server, raw.text) == through
-    assert (raw.finish_reason, raw.stop_reason) == (
-        served_choice.finish_reason, served_choice.model_extra["stop_reason"]) == (finish_reason, None)
+    assert (served_choice.finish_reason, served_choice.model_extra["stop_reason"]) == (finish_reason, None)
+    assert (raw.finish_reason, raw.stop_reason) == ("stop", None)
     assert (reply.finish_reason, reply.content, reply.choices[0].outputs) == (
         finish_reason, served_choice.message.content, [raw])
 
