@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from glimmer.engine.kv_cache_manager import KVCacheLayout, KVCacheManager, page_geometry
+from glimmer.engine.kv_cache_manager import KVCacheLayout, KVCacheManager, PageGeometry, page_geometry
 from glimmer.engine.kv_planner import kv_bytes_per_page
 from glimmer.engine.sampling_params import SamplingParams
 from glimmer.engine.scheduler import Scheduler, SchedulerConfig
@@ -101,6 +101,21 @@ def run_load(layout: KVCacheLayout, load: Load, reserve: bool) -> dict[str, floa
             "recomputed": computed / needed - 1, "modelled_tok_s": sum(lengths) / modelled}
 
 
+def pages_a_request(load: Load, geometry: PageGeometry, sliding_window: int) -> int:
+    """The pages one request of `load` holds at its longest: every full-attention block, and the sliding-window
+    blocks its window (and the block being written) covers."""
+    full = math.ceil((load.prompt + load.max_tokens) / BLOCK)
+    sliding = min(full, math.ceil(sliding_window / BLOCK) + 1)
+    return full * geometry.pages_per_block["full"] + sliding * geometry.pages_per_block["sliding"]
+
+
+def largest_request(geometry: PageGeometry, sliding_window: int) -> tuple[Load, int]:
+    """The load whose request holds the most pages at its longest, and those pages: a cache of fewer admits no
+    request of that load, and its scheduler waits for pages no request will free, the simulation never ending."""
+    load = max(LOADS, key=lambda load: pages_a_request(load, geometry, sliding_window))
+    return load, pages_a_request(load, geometry, sliding_window)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kv-gib", type=float, nargs="+", default=[7.2, 40.0],
@@ -109,6 +124,15 @@ def main() -> None:
     text = released_30b_config().text
     geometry = page_geometry(text)
     page_bytes = kv_bytes_per_page(text, BLOCK, torch.bfloat16)
+    load, pages = largest_request(geometry, text.sliding_window)
+    smallest_gb = pages * page_bytes / 1e9
+    for gib in args.kv_gib:
+        if not math.isfinite(gib):
+            parser.error(f"argument --kv-gib: {gib:g} is not a size in GB; give a number such as 7.2")
+        if int(gib * 1e9) // page_bytes < pages:
+            parser.error(f"argument --kv-gib: {gib:g} GB holds no request of the load {load.name} ({pages:,} pages, "
+                         f"{smallest_gb:.2f} GB, at its longest); give {math.ceil(smallest_gb * 100) / 100:.2f} or "
+                         "more")
     print(f"30B geometry: {len(text.full_attention_layers)} full-attention and {len(text.sliding_attention_layers)} "
           f"sliding-window layers (window {text.sliding_window}); a page is {BLOCK} positions of "
           f"{geometry.page_layers} layers, {page_bytes:,} bytes; pages a block: {geometry.pages_per_block}")
@@ -116,9 +140,7 @@ def main() -> None:
         pages = int(gib * 1e9) // page_bytes
         layout = KVCacheLayout(BLOCK, pages, geometry.pages_per_block, text.sliding_window)
         for load in LOADS:
-            full = math.ceil((load.prompt + load.max_tokens) / BLOCK)
-            sliding = min(full, math.ceil(text.sliding_window / BLOCK) + 1)
-            per_request = full * geometry.pages_per_block["full"] + sliding * geometry.pages_per_block["sliding"]
+            per_request = pages_a_request(load, geometry, text.sliding_window)
             print(f"{gib:.1f} GB ({pages:,} pages), {load.name}: ceiling {min(load.requests, pages // per_request)} "
                   f"at once ({per_request} pages a request at its longest)")
             results = {}

@@ -32,3 +32,16 @@ def test_cpu_decode_refuses_a_thread_count_that_is_not_one(threads):
     assert done.returncode == 2, done.stderr[-2000:]
     assert f"argument --threads: {threads!r} is not a thread count: give a positive integer" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("size", ["0.3", "0", "-1"])
+def test_kv_pages_refuses_a_cache_that_holds_no_request_of_a_load(size):
+    """--kv-gib 0.3 (fewer pages than one 32K-in request holds) simulated the 32K load for ever: its scheduler waited
+    for pages no request would free; 0 and -1 did the same."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "kv_pages.py"), "--kv-gib", "7.2", size], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert (f"argument --kv-gib: {float(size):g} GB holds no request of the load 16 x 32K-in/256-out (2,451 pages, "
+            "0.52 GB, at its longest); give 0.53 or more") in done.stderr
+    assert done.stdout == ""
