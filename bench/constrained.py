@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from glimmer import LLM, SamplingParams, StructuredOutputsParams
+from glimmer.cli import positive_count, positive_counts
 from glimmer.engine.grammar import GrammarMasks
 from glimmer.tiny import TinySpec, write_tiny_checkpoint
 
@@ -68,15 +69,15 @@ def run(llm: LLM, batch: int, max_tokens: int, structured: StructuredOutputsPara
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="checkpoint directory (default: a random tiny checkpoint)")
-    parser.add_argument("--batches", default="1,64")
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--hidden-size", type=int, default=64)
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--batches", type=positive_counts, default=[1, 64])
+    parser.add_argument("--max-tokens", type=positive_count, default=64)
+    parser.add_argument("--hidden-size", type=positive_count, default=64)
+    parser.add_argument("--layers", type=positive_count, default=8)
+    parser.add_argument("--repeats", type=positive_count, default=2)
     parser.add_argument("--preset", choices=("tiny", "30b"), default="tiny")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    batches = [int(b) for b in args.batches.split(",")]
+    batches = args.batches
     with tempfile.TemporaryDirectory() as scratch:
         model, load_format = args.model, "auto"
         if model is None and args.preset == "30b":

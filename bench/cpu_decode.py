@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
+from glimmer.cli import positive_count, positive_counts
 from glimmer.engine.llm import LLM
 from glimmer.engine.sampling_params import SamplingParams
 from glimmer.model.kernels import cpu
@@ -136,16 +137,17 @@ def thread_count(text: str) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batches", default="1,8", help="comma-separated batch sizes")
-    parser.add_argument("--prompt-tokens", type=int, default=32)
-    parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=2, help="timed runs per engine and batch; the best counts")
+    parser.add_argument("--batches", type=positive_counts, default=[1, 8], help="comma-separated batch sizes")
+    parser.add_argument("--prompt-tokens", type=positive_count, default=32)
+    parser.add_argument("--new-tokens", type=positive_count, default=128)
+    parser.add_argument("--repeats", type=positive_count, default=2,
+                        help="timed runs per engine and batch; the best counts")
     parser.add_argument("--threads", type=thread_count, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--target", type=float, default=2.0, help="the ratio to transformers to reach")
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    batches = [int(b) for b in args.batches.split(",")]
+    batches = args.batches
     generator = torch.Generator().manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = write_tiny_checkpoint(Path(tmp) / "cpu-bench", spec=SPEC)

@@ -17,6 +17,7 @@ import argparse
 import logging
 import time
 
+from glimmer.cli import positive_count
 from glimmer.default_model import default_drafter_dir, default_model_dir
 from glimmer.engine.llm import LLM
 from glimmer.engine.sampling_params import SamplingParams
@@ -37,9 +38,9 @@ def timed(llm: LLM, prompts: list[str], params: SamplingParams, one_at_a_time: b
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--prompts", type=int, default=64)
-    parser.add_argument("--single", type=int, default=16, help="prompts decoded one at a time")
-    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--prompts", type=positive_count, default=64)
+    parser.add_argument("--single", type=positive_count, default=16, help="prompts decoded one at a time")
+    parser.add_argument("--max-tokens", type=positive_count, default=256)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens)

@@ -26,6 +26,7 @@ from collections.abc import Callable
 import torch
 
 from glimmer import LLM, SamplingParams
+from glimmer.cli import positive_count
 from glimmer.engine import kv_cache_manager
 from glimmer.engine.kv_cache_manager import FULL, KVCacheLayout, KVCacheManager
 from glimmer.engine.sequence import Sequence
@@ -141,11 +142,11 @@ def end_to_end(model: str, args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="checkpoint directory (default: a tiny random one)")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--repeats", type=positive_count, default=5)
+    parser.add_argument("--prompts", type=positive_count, default=16)
     parser.add_argument("--prefix-tokens", type=int, default=256)
     parser.add_argument("--tail-tokens", type=int, default=32)
-    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--max-tokens", type=positive_count, default=16)
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
     args = parser.parse_args()
     hashing_cost(args.repeats)

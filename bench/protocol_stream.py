@@ -19,6 +19,7 @@ import argparse
 import json
 import time
 
+from glimmer.cli import positive_count
 from glimmer.protocol import OutputParser, ParsedOutput, parse_output
 
 TOOLS = [
@@ -96,8 +97,8 @@ def timed_run(chunks: list[str]) -> tuple[float, float, float, float]:
 def main() -> None:
     arguments = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     arguments.add_argument("--chars", type=int, default=200_000)
-    arguments.add_argument("--chunk", type=int, default=4)
-    arguments.add_argument("--repeat", type=int, default=7)
+    arguments.add_argument("--chunk", type=positive_count, default=4)
+    arguments.add_argument("--repeat", type=positive_count, default=7)
     options = arguments.parse_args()
 
     text = composed_turn(options.chars)

@@ -1916,6 +1916,23 @@ def token_count(text: str) -> int:
         "32K (1,024s), 1m / 1M")
 
 
+def positive_count(text: str) -> int:
+    """A count an option takes (a batch size, a number of runs or of tokens): a whole number, 1 or more."""
+    count = int(text) if text.strip().isascii() and text.strip().isdigit() else 0
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count: give a whole number, 1 or more")
+    return count
+
+
+def positive_counts(text: str) -> list[int]:
+    """Comma-separated counts, such as a bench's batch sizes '1,8': each a whole number, 1 or more."""
+    try:
+        return [positive_count(part) for part in text.split(",")]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of counts: give whole numbers, 1 or more, "
+                                         "separated by commas, such as 1,8") from None
+
+
 def parse_size(text: str) -> int:
     """Bytes from '8GiB', '512MB', '1.5gib' or a plain number of bytes."""
     from glimmer.engine.config_checks import parse_size as engine_parse_size  # (imports torch: not for --help)

@@ -45,3 +45,23 @@ def test_kv_pages_refuses_a_cache_that_holds_no_request_of_a_load(size):
     assert (f"argument --kv-gib: {float(size):g} GB holds no request of the load 16 x 32K-in/256-out (2,451 pages, "
             "0.52 GB, at its longest); give 0.53 or more") in done.stderr
     assert done.stdout == ""
+
+
+@pytest.mark.parametrize(("script", "option", "value", "what"), [
+    ("cpu_decode", "--batches", "x", "a list of counts"), ("cpu_decode", "--batches", "1,0", "a list of counts"),
+    ("cpu_decode", "--repeats", "0", "a count"), ("cpu_decode", "--new-tokens", "0", "a count"),
+    ("constrained", "--batches", "1,x", "a list of counts"), ("constrained", "--repeats", "0", "a count"),
+    ("protocol_stream", "--chunk", "0", "a count"), ("protocol_stream", "--repeat", "0", "a count"),
+    ("prefix_hash", "--repeats", "0", "a count"), ("prefix_hash", "--prompts", "0", "a count"),
+    ("nano_spec_decode", "--prompts", "0", "a count"), ("nano_spec_decode", "--max-tokens", "-1", "a count"),
+])
+def test_bench_refuses_a_count_that_is_not_one(script, option, value, what):
+    """cpu_decode.py --batches x ended in int()'s ValueError, --repeats 0 in min()'s on an empty list after the whole
+    run; protocol_stream.py --chunk 0 in range()'s; prefix_hash.py --prompts 0 in a ZeroDivisionError;
+    nano_spec_decode.py --prompts 0 printed a table of 0.0 tok/s and a speed-up: each now refuses the option, exit 2."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / f"{script}.py"), option, value], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"argument {option}: {value!r} is not {what}" in done.stderr
+    assert "Traceback" not in done.stderr
