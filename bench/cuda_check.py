@@ -154,6 +154,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--skip-speed", action="store_true")
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("cuda_check.py needs a CUDA GPU")
     with tempfile.TemporaryDirectory() as tmp:
         report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                   "exactness": exactness(Path(tmp))}

@@ -491,6 +491,8 @@ def main() -> None:
                         help="only what the server comparison needs: 1K batch-1 decode and the 64-way load")
     parser.add_argument("--json", default=None, help="also write the figures here")
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("gpu_30b.py needs a CUDA GPU")
     log(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     started = time.perf_counter()
     clocks = ClockSampler()

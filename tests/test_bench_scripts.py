@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = sorted((ROOT / "bench").glob("*.py"))
@@ -65,3 +66,15 @@ def test_bench_refuses_a_count_that_is_not_one(script, option, value, what):
     assert done.returncode == 2, done.stderr[-2000:]
     assert f"argument {option}: {value!r} is not {what}" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the scripts run their benchmark where CUDA is available")
+@pytest.mark.parametrize("script", ["gpu_30b", "cuda_check", "gpu_kv_admission", "gpu_sampling"])
+def test_gpu_bench_without_cuda_says_it_needs_a_gpu(script):
+    """gpu_30b.py and cuda_check.py without CUDA ended in torch's AssertionError, "Torch not compiled with CUDA
+    enabled", a stack trace."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / f"{script}.py")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert done.stderr == f"{script}.py needs a CUDA GPU\n"
