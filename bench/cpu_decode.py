@@ -166,21 +166,21 @@ def main() -> int:
         warm = random_prompts(batch, args.prompt_tokens, token_count, generator)
         time_glimmer(llm, warm, 4)
         time_transformers(reference, warm, 4, token_count)
-        ours, theirs = [], []
+        ours, theirs, same = [], [], 0
         for _ in range(args.repeats):
             prompts = random_prompts(batch, args.prompt_tokens, token_count, generator)
             seconds, tokens = time_glimmer(llm, prompts, args.new_tokens)
             ours.append(seconds)
             ref_seconds, ref_tokens = time_transformers(reference, prompts, args.new_tokens, token_count)
             theirs.append(ref_seconds)
-            same = sum(a == b for a, b in zip(tokens, ref_tokens, strict=True))
+            same += sum(a == b for a, b in zip(tokens, ref_tokens, strict=True))
         glimmer_rate = batch * args.new_tokens / min(ours)
         reference_rate = batch * args.new_tokens / min(theirs)
         ratio = glimmer_rate / reference_rate
         met &= ratio >= args.target
         print(f"batch {batch:>3}: Glimmer {glimmer_rate:8.1f} tok/s  transformers {reference_rate:8.1f} tok/s  "
               f"ratio {ratio:5.2f}x (target {args.target:.1f}x: {'met' if ratio >= args.target else 'NOT met'})  "
-              f"greedy outputs identical: {same}/{batch}")
+              f"greedy outputs identical: {same}/{batch * args.repeats}")
         floor, fastest = weight_products_seconds(matrices, batch)
         ceiling = batch / floor
         rate_gb_s = sum(m.numel() for m in matrices) * 4 / floor / 1e9

@@ -78,3 +78,15 @@ def test_gpu_bench_without_cuda_says_it_needs_a_gpu(script):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1, done.stderr[-2000:]
     assert done.stderr == f"{script}.py needs a CUDA GPU\n"
+
+
+def test_cpu_decode_counts_identical_outputs_over_every_repeat():
+    """"greedy outputs identical: 1/1" after --repeats 2 counted the last repeat's outputs alone, so a difference in
+    an earlier one was never shown."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+           "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "cpu_decode.py"), "--batches", "1", "--prompt-tokens",
+                           "4", "--new-tokens", "2", "--repeats", "2", "--threads", "1", "--target", "0"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "greedy outputs identical: 2/2" in done.stdout, done.stdout
