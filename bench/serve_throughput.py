@@ -7,7 +7,8 @@ from `--clients` concurrent clients (every request generates exactly --max-token
 prints requests/s, output tokens/s, time to first token and inter-token latency percentiles. Then it runs the
 same prompts one at a time through `LLM.generate` in this process and prints the server's speed-up over
 that sequential baseline. Token arrival times come from the streamed logprobs (one entry per token), so ITL
-is per token even when a chunk carries several. Without --model it uses the embedded glimmer-nano demo model.
+is per token even when a chunk carries several. Without --model it uses the embedded glimmer-nano demo model;
+with --url, --model names the checkpoint that server serves (the baseline's model), and is required.
 """
 
 from __future__ import annotations
@@ -129,6 +130,9 @@ def main() -> None:
     parser.add_argument("--kv-cache-memory", type=parse_size, default=None, metavar="SIZE",
                         help="KV cache size, e.g. 8GiB (default: the engine's)")
     args = parser.parse_args()
+    if args.url and not args.model:
+        parser.error("argument --url: give --model too, the checkpoint that server serves: the sequential baseline "
+                     "runs it in this process")
     logging.basicConfig(level=logging.ERROR)  # a random model's output makes the parser warn a lot
     model = args.model or str(default_model_dir())
 

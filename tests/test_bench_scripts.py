@@ -90,3 +90,14 @@ def test_cpu_decode_counts_identical_outputs_over_every_repeat():
                           env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "greedy outputs identical: 2/2" in done.stdout, done.stdout
+
+
+def test_serve_throughput_against_a_url_asks_for_the_servers_model():
+    """--url without --model ran the sequential baseline on the embedded glimmer-nano whatever the server served, and
+    printed the server's rate over it as its speed-up."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "serve_throughput.py"), "--url", "http://127.0.0.1:9"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert ("argument --url: give --model too, the checkpoint that server serves: the sequential baseline runs it in "
+            "this process") in done.stderr
