@@ -42,6 +42,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from glimmer.cli import positive_count  # noqa: E402
 from glimmer.default_model import default_model_dir  # noqa: E402
 from glimmer.engine.async_engine import AsyncEngine  # noqa: E402
 from glimmer.engine.llm_engine import EngineConfig  # noqa: E402
@@ -191,10 +192,10 @@ def first_forward(client: httpx.Client, url: str, clock: ForwardClock, body: dic
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tools", type=int, default=50)
-    parser.add_argument("--messages", type=int, default=100)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--turns", type=int, default=8)
+    parser.add_argument("--tools", type=positive_count, default=50)
+    parser.add_argument("--messages", type=positive_count, default=100)
+    parser.add_argument("--rounds", type=positive_count, default=5)
+    parser.add_argument("--turns", type=positive_count, default=8)
     args = parser.parse_args()
 
     engine = AsyncEngine(EngineConfig(model=str(default_model_dir()), progress=False))

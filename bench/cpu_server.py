@@ -47,6 +47,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "server"))
 from serve_process import ServeProcess  # noqa: E402
 
+from glimmer.cli import positive_count  # noqa: E402
 from glimmer.default_model import default_model_dir  # noqa: E402
 from glimmer.engine.llm import LLM  # noqa: E402
 from glimmer.engine.sampling_params import SamplingParams  # noqa: E402
@@ -204,9 +205,9 @@ def engine_load(llm: LLM, clock: ForwardClock, numbers: list[int], max_tokens: i
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--streams", type=int, default=8, help="concurrent clients of the load figure")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--max-tokens", type=positive_count, default=128)
+    parser.add_argument("--streams", type=positive_count, default=8, help="concurrent clients of the load figure")
+    parser.add_argument("--rounds", type=positive_count, default=3)
     args = parser.parse_args()
     with glimmer_serve() as url:
         llm = LLM(str(default_model_dir()), progress=False)

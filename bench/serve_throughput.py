@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from glimmer.cli import parse_size
+from glimmer.cli import parse_size, positive_count
 from glimmer.default_model import default_model_dir
 from glimmer.engine.async_engine import AsyncEngine
 from glimmer.engine.llm import LLM
@@ -118,11 +118,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="checkpoint (default: the embedded tiny demo model)")
     parser.add_argument("--url", default=None, help="benchmark a running server instead (served as 'bench')")
-    parser.add_argument("--clients", type=int, default=16)
-    parser.add_argument("--requests", type=int, default=64)
-    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--clients", type=positive_count, default=16)
+    parser.add_argument("--requests", type=positive_count, default=64)
+    parser.add_argument("--max-tokens", type=positive_count, default=64)
     parser.add_argument("--prompt-words", type=int, default=32)
-    parser.add_argument("--baseline-requests", type=int, default=8, help="prompts for the sequential baseline")
+    parser.add_argument("--baseline-requests", type=positive_count, default=8,
+                        help="prompts for the sequential baseline")
     parser.add_argument("--dtype", default=None)
     parser.add_argument("--device", default=None)
     parser.add_argument("--max-model-len", type=int, default=4096)

@@ -101,3 +101,19 @@ def test_serve_throughput_against_a_url_asks_for_the_servers_model():
     assert done.returncode == 2, done.stderr[-2000:]
     assert ("argument --url: give --model too, the checkpoint that server serves: the sequential baseline runs it in "
             "this process") in done.stderr
+
+
+@pytest.mark.parametrize(("script", "option", "value"), [
+    ("serve_throughput", "--clients", "0"), ("serve_throughput", "--requests", "0"),
+    ("cpu_server", "--rounds", "0"), ("cpu_server", "--streams", "0"),
+    ("agent_request", "--rounds", "0"), ("agent_request", "--tools", "-1"),
+])
+def test_serving_bench_refuses_a_count_that_is_not_one(script, option, value):
+    """serve_throughput.py --clients 0 waited for ever on a pool of no connections, --requests 0 printed a speed-up
+    of 0.00x; cpu_server.py --rounds 0 and --streams 0 ended in a KeyError and a ZeroDivisionError after starting a
+    server; agent_request.py --rounds 0 in a StatisticsError, and --tools -1 ran with 4 tools."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / f"{script}.py"), option, value], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"argument {option}: {value!r} is not a count: give a whole number, 1 or more" in done.stderr
