@@ -36,19 +36,23 @@ async def invoke(request: Request, context: ServingContext) -> Response:
         raise APIError(400, kind)
     # null is an unset field, as on every route (schemas.drop_nulls), and a client typing the body as the union of
     # both requests sends each field of the other one as null, which the route taken would refuse as a field it does
-    # not know: such a null is no field sent (one of a field the route knows keeps its meaning). The body read is
+    # not know: such a null is no field sent (one of a field the route knows keeps its meaning; one neither request
+    # knows, a typo, is refused as the /v1 routes refuse it). The body read is
     # validated as it came, not written again without them: its size is checked, and JSON written again differs (é
     # escaped in 6 bytes, 1e300 in 300)
     if fields.get("messages") is not None:
         return await answer_chat_completion(request, context, parse_body(
-            ChatCompletionRequest, body, _undeclared_nulls(fields, ChatCompletionRequest)), arrival)
+            ChatCompletionRequest, body, _other_requests_nulls(fields, ChatCompletionRequest, CompletionRequest)),
+            arrival)
     if fields.get("prompt") is not None:
         return await answer_completion(request, context, parse_body(
-            CompletionRequest, body, _undeclared_nulls(fields, CompletionRequest)), arrival)
+            CompletionRequest, body, _other_requests_nulls(fields, CompletionRequest, ChatCompletionRequest)),
+            arrival)
     raise APIError(400, kind)
 
 
-def _undeclared_nulls(fields: dict[str, Any], model: type[RequestBody]) -> list[str]:
-    """The top-level fields of the body sent as null that `model` does not declare."""
-    declared = {field.alias or name for name, field in model.model_fields.items()}
-    return [name for name, value in fields.items() if value is None and name not in declared]
+def _other_requests_nulls(fields: dict[str, Any], taken: type[RequestBody], other: type[RequestBody]) -> list[str]:
+    """The top-level fields of the body sent as null that `other` declares and `taken` does not."""
+    declared = {field.alias or name for name, field in taken.model_fields.items()}
+    of_other = {field.alias or name for name, field in other.model_fields.items()}
+    return [name for name, value in fields.items() if value is None and name in of_other and name not in declared]

@@ -104,3 +104,16 @@ def test_a_null_field_of_the_other_request_is_unset_when_invocations_picks_the_r
         valued = httpx.post(server.url + "/invocations", timeout=60,
                             json={"model": "tiny", "prompt": "hi", "tools": [], "max_tokens": 2})
         assert valued.status_code == 400 and valued.json()["error"]["param"] == "tools", valued.text
+
+
+def test_a_null_field_neither_request_declares_is_refused_naming_it(tiny_checkpoint):
+    """Only the other request's fields sent as null are none sent: a null typo (`max_tokenz`) was dropped too and the
+    body run, where /v1/completions refuses it as an unknown field and suggests the one meant."""
+    with live_server(tiny_checkpoint) as server:
+        for body in ({"model": "tiny", "prompt": "hi", "max_tokenz": None, "max_tokens": 1},
+                     {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokenz": None,
+                      "max_tokens": 1}):
+            reply = httpx.post(server.url + "/invocations", timeout=60, json=body)
+            assert reply.status_code == 400, reply.text
+            error = reply.json()["error"]
+            assert error["param"] == "max_tokenz" and "did you mean max_tokens?" in error["message"], error
