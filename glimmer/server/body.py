@@ -99,8 +99,9 @@ def _utf8_text(body: bytes) -> bytes:
     try:
         text.decode("utf-8")
     except UnicodeDecodeError as error:
-        # byte N counted from 1, as run-batch names the byte of a line that is not UTF-8 (batch._parse_line)
-        raise APIError(400, f"the request body is not UTF-8 text (byte {error.start + 1} is "
+        # byte N of the body as sent, its mark included, counted from 1, as run-batch names the byte of a line that
+        # is not UTF-8 (batch._parse_line)
+        raise APIError(400, f"the request body is not UTF-8 text (byte {len(body) - len(text) + error.start + 1} is "
                             f"{text[error.start]:#04x}); send JSON encoded as UTF-8") from None
     return text
 

@@ -191,6 +191,17 @@ def test_a_body_in_latin1_is_400_saying_to_send_utf8(server, path):
                                 "JSON encoded as UTF-8")
 
 
+def test_the_byte_not_utf8_after_a_byte_order_mark_is_counted_as_sent(server):
+    """A UTF-8 byte order mark is dropped before the body is decoded, and the byte named was counted without it:
+    `{"a":"caf\\xe9"}` behind the mark was "byte 10", where byte 13 of the body sent is 0xe9."""
+    data = b"\xef\xbb\xbf" + json.dumps(chat(messages=[{"role": "user", "content": "café"}]),
+                                        ensure_ascii=False).encode("latin-1")
+    response = httpx.post(server.base_url + "/chat/completions", content=data, timeout=30,
+                          headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    assert error_of(response, 400)["message"] == (
+        f"the request body is not UTF-8 text (byte {data.index(0xE9) + 1} is 0xe9); send JSON encoded as UTF-8")
+
+
 def nested(depth: int) -> dict:
     value: dict = {"type": "string"}
     for _ in range(depth):
