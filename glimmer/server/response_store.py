@@ -128,8 +128,9 @@ class ResponseStore:
         stored under its id (a client's `request_id` named both). `images_read`: the bytes each image part a client
         named by a path or URL was read as, by where the part is in `items`, which the responses continuing it render
         (counted too, as their length). One larger than the whole store with its conversation is not kept, and
-        evicts nothing; one that fits evicts the oldest responses until the store holds it. Whether it was kept;
-        where not, a warning says why (its answer says `store: false`)."""
+        evicts nothing but the response stored under its id, which it replaces (kept, it would be served as the
+        answer to a request it is not); one that fits evicts the oldest responses until the store holds it. Whether
+        it was kept; where not, a warning says why (its answer says `store: false`)."""
         images_read = dict(images_read or {})
         segment_bytes = _json_bytes(items) + sum(len(data) for data in images_read.values())
         segment = _Segment(items, previous.segment if previous is not None else None, segment_bytes,
@@ -140,7 +141,7 @@ class ResponseStore:
             if replaced is not None:
                 self._forget(replaced)
             # what it holds once every other response is evicted: itself and its whole conversation, told before
-            # evicting any, so that one which cannot fit leaves the others as they were
+            # evicting any, so that one which cannot fit leaves the others as they were (all but the one it replaces)
             needed = size + _chain_bytes(segment)
             if needed > self.max_bytes:
                 logger.warning("response %s not stored: %s bytes with the conversation it continues, more than the "
