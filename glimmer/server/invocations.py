@@ -15,7 +15,7 @@ from glimmer.server.chat import answer_chat_completion
 from glimmer.server.completions import answer_completion
 from glimmer.server.context import ServingContext
 from glimmer.server.errors import APIError
-from glimmer.server.schemas import ChatCompletionRequest, CompletionRequest, RequestBody, parse_body
+from glimmer.server.schemas import ChatCompletionRequest, CompletionRequest, RequestBody, declared_fields, parse_body
 
 
 async def invoke(request: Request, context: ServingContext) -> Response:
@@ -53,6 +53,5 @@ async def invoke(request: Request, context: ServingContext) -> Response:
 
 def _other_requests_nulls(fields: dict[str, Any], taken: type[RequestBody], other: type[RequestBody]) -> list[str]:
     """The top-level fields of the body sent as null that `other` declares and `taken` does not."""
-    declared = {field.alias or name for name, field in taken.model_fields.items()}
-    of_other = {field.alias or name for name, field in other.model_fields.items()}
-    return [name for name, value in fields.items() if value is None and name in of_other and name not in declared]
+    of_other_alone = declared_fields(other) - declared_fields(taken)
+    return [name for name, value in fields.items() if value is None and name in of_other_alone]

@@ -61,8 +61,8 @@ Items = Annotated[list[_Item], Field(fail_fast=True)]
 each bad item made a 4 MB body of a million of them hold the event loop (every request and stream) for a minute."""
 
 
-_UNSENT_FIELDS = "unsent fields"
-"""The key of `validate_json`'s validation context naming the body's model and its fields taken as not sent."""
+_UNSENT_NULLS = "unsent nulls"
+"""The key of `validate_json`'s validation context naming the body's model and its null fields taken as not sent."""
 
 
 class RequestBody(BaseModel):
@@ -73,17 +73,17 @@ class RequestBody(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _as_sent(cls, data: Any, info: ValidationInfo) -> Any:
-        """The fields sent: those `validate_json`'s `unsent` names dropped first (of the body alone, not of an object
-        inside it), then the nulls (`drop_nulls`); of the unknown fields, only the first is validated (refused,
-        named by the 400): an error built for each of a 4 MB body's hundreds of thousands held the event loop (every
-        request and stream) for seconds."""
+        """The fields sent: the nulls `validate_json`'s `unsent_nulls` names dropped first (of the body alone, not of
+        an object inside it), then the others `drop_nulls` drops; of the unknown fields, only the first is validated
+        (refused, named by the 400): an error built for each of a 4 MB body's hundreds of thousands held the event
+        loop (every request and stream) for seconds."""
         if not isinstance(data, dict):
             return data
-        model, unsent = (info.context or {}).get(_UNSENT_FIELDS, (None, ()))
+        model, unsent_nulls = (info.context or {}).get(_UNSENT_NULLS, (None, ()))
         if model is cls:
-            data = {key: value for key, value in data.items() if key not in unsent}
+            data = {key: value for key, value in data.items() if value is not None or key not in unsent_nulls}
         data = drop_nulls(cls, data)
-        known = {field.alias or name for name, field in cls.model_fields.items()}
+        known = declared_fields(cls)
         unknown = next((key for key in data if key not in known), None)
         if unknown is None:
             return data
@@ -100,6 +100,11 @@ def drop_nulls(model: type[BaseModel], data: Any) -> Any:
     fields = model.model_fields
     return {key: value for key, value in data.items()
             if value is not None or key not in fields or _takes_none(fields[key].annotation)}
+
+
+def declared_fields(model: type[BaseModel]) -> frozenset[str]:
+    """The field names a body of `model` is sent with (a field's alias where it has one)."""
+    return frozenset(field.alias or name for name, field in model.model_fields.items())
 
 
 def _takes_none(annotation: Any) -> bool:
@@ -301,21 +306,21 @@ REFUSED_UNLESS_DEFAULT: dict[str, str] = {
 NO_OP_VALUES: dict[str, Any] = {"verbosity": DEFAULT_VERBOSITY}  # taken beside null: what asks for nothing different
 
 
-def parse_body(model: type[RequestBody], body: bytes, unsent: Collection[str] = ()) -> Any:
+def parse_body(model: type[RequestBody], body: bytes, unsent_nulls: Collection[str] = ()) -> Any:
     """Validate a chat or completion body; raises RequestError naming the first field at fault (HTTP 400).
-    `unsent`: see `validate_json`."""
-    request = validate_json(model, body, unsent=unsent)
+    `unsent_nulls`: see `validate_json`."""
+    request = validate_json(model, body, unsent_nulls=unsent_nulls)
     _refuse_unsupported(request)
     return request
 
 
 def validate_json(model: type[BaseModel], body: bytes, hints: dict[str, str] | None = None, *,
-                  unsent: Collection[str] = ()) -> Any:
+                  unsent_nulls: Collection[str] = ()) -> Any:
     """The body as `model`; raises RequestError naming the first field at fault (HTTP 400), or a key an object of
-    the body gives twice. `hints`: see `request_error` (the chat and completion fields' by default). `unsent`: fields
-    of the body (a RequestBody's) taken as not sent, whatever they hold, so that the body is read as it came (its size
-    already checked, its numbers as written) rather than written again without them."""
-    context = {_UNSENT_FIELDS: (model, frozenset(unsent))} if unsent else None
+    the body gives twice. `hints`: see `request_error` (the chat and completion fields' by default). `unsent_nulls`:
+    fields of the body (a RequestBody's) taken as not sent where they are null, so that the body is read as it came
+    (its size already checked, its numbers as written) rather than written again without them."""
+    context = {_UNSENT_NULLS: (model, frozenset(unsent_nulls))} if unsent_nulls else None
     try:
         validated = model.model_validate_json(body, context=context)
     except ValidationError as error:
@@ -327,7 +332,7 @@ def validate_json(model: type[BaseModel], body: bytes, hints: dict[str, str] | N
             if named is not None:
                 raise named from None
         raise request_error(error, _UNION_FIELD_HINTS if hints is None else hints,
-                            fields=[field.alias or name for name, field in model.model_fields.items()]) from None
+                            fields=declared_fields(model)) from None
     refuse_duplicate_keys(body)
     return validated
 
