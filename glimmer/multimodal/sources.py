@@ -86,8 +86,12 @@ def _is_base64_of_media(payload: str, kind: str) -> bool:
 
 
 def _is_media_data(data: bytes, kind: str) -> bool:
-    """Whether `data` starts as an image's (or a video's, as `kind` says) bytes do."""
-    return is_image_data(data) if kind == "image" else is_video_data(data)
+    """Whether `data` starts as an image's (or a video's, as `kind` says) bytes do: an image's by its format's
+    signature or, for TGA that has none, by Pillow opening its header; the same verdict for a whole image and for its
+    first bytes (a JPEG's frame may lie past them, behind an ICC profile), so that no limit changes it."""
+    if kind == "image":
+        return starts_with_image_signature(data) or is_image_data(data)
+    return is_video_data(data)
 
 
 def _decode_data_url(url: str, kind: str, index: int, policy: MediaFetchPolicy) -> bytes:
@@ -127,8 +131,8 @@ def _decode_data_url(url: str, kind: str, index: int, policy: MediaFetchPolicy) 
 
 
 _EXAMPLE_MIME = {"image": "image/png", "video": "video/mp4"}
-# what of a path's text longer than the limit's base64 is decoded to see an image's signature (16 bytes, after any
-# whitespace a line-broken base64 holds) or a video's header: a bounded look whatever the text's length
+# what of a path's text longer than the limit's base64 is decoded to see an image's signature or header (a TGA's is
+# 18 bytes, after any whitespace a line-broken base64 holds) or a video's: a bounded look whatever the text's length
 _BASE64_PREFIX_CHARS = 65_536
 
 
@@ -136,8 +140,7 @@ def _base64_of_media_and_too_large(text: str, kind: str, max_bytes: int) -> tupl
     """Whether `text` is base64 of an image (or video, as `kind` says), and whether it is longer than base64 of
     `max_bytes` bytes. Within that length the whole text is decoded and opened (`_is_base64_of_media`), as a data:
     URL would be, since a JPEG's metadata before its frame (an ICC profile, XMP) may be larger than any prefix; past
-    it, a bounded prefix cut to whole groups of 4: an image by its format's signature (`starts_with_image_signature`),
-    a video by FFmpeg's look at its header."""
+    it, a bounded prefix cut to whole groups of 4, by the same test (`_is_media_data`)."""
     too_large = len(text.translate(_BASE64_WHITESPACE)) > max_bytes * 4 // 3 + 4
     if not too_large:
         return _is_base64_of_media(text, kind), False
@@ -146,7 +149,7 @@ def _base64_of_media_and_too_large(text: str, kind: str, max_bytes: int) -> tupl
         data = _forgiving_base64(prefix[:len(prefix) // 4 * 4])
     except (binascii.Error, ValueError):
         return False, True
-    return (starts_with_image_signature(data) if kind == "image" else is_video_data(data)), True
+    return _is_media_data(data, kind), True
 
 
 def _read_local(path_text: str, kind: str, index: int, policy: MediaFetchPolicy) -> bytes:

@@ -308,6 +308,31 @@ def test_base64_of_a_jpeg_with_large_metadata_larger_than_the_limit_is_refused_a
                                  "the image's own MIME type)")
 
 
+def test_base64_of_a_tga_larger_than_the_limit_is_refused_as_base64_too_large(tmp_path):
+    """TGA has no signature: past the limit's length it was judged by the signature alone and refused as a path,
+    "local files are not allowed", where base64 of a PNG as large is refused as base64 of an image too large."""
+    image = io.BytesIO()
+    Image.effect_noise((64, 64), 100).convert("RGB").save(image, format="TGA")
+    policy = MediaFetchPolicy.create([], max_bytes=1000)
+    assert len(image.getvalue()) > 1000
+    with pytest.raises(RequestError) as raised:
+        load_media_reference(base64.b64encode(image.getvalue()).decode(), "image", 0, policy)
+    assert str(raised.value) == ("image 0: this is base64 of an image larger than the limit of 1,000 bytes, not a "
+                                 "path or a URL: send a smaller one as a data: URL, data:image/png;base64,<data> (with "
+                                 "the image's own MIME type)")
+
+
+@pytest.mark.parametrize("max_bytes", [100, 10_000])
+def test_base64_of_an_image_signature_is_refused_as_base64_whatever_the_limit(tmp_path, max_bytes):
+    """Base64 of a JPEG's signature and then zeros (no frame Pillow could open) was base64 past the limit's length
+    (told by the signature) but a path within it (told by opening it): the verdict hung on the limit."""
+    sent = base64.b64encode(b"\xff\xd8\xff" + bytes(997)).decode()
+    with pytest.raises(RequestError) as raised:
+        load_media_reference(sent, "image", 0, MediaFetchPolicy.create([tmp_path], max_bytes=max_bytes))
+    assert str(raised.value).startswith("image 0: this is base64 of an image")
+    assert ("larger than the limit" in str(raised.value)) == (max_bytes == 100)
+
+
 def test_base64_of_a_png_over_64_kib_of_text_within_the_limit_is_refused_as_base64(tmp_path):
     image = io.BytesIO()
     Image.effect_noise((256, 256), 100).save(image, format="PNG")  # noise: about 65 KB, 87 KB of base64
