@@ -58,6 +58,7 @@ MAX_ALLOWED_TOKEN_IDS = 1 << 20
 MAX_STOP_TOKEN_IDS = 4096
 """Most ids in `stop_token_ids`, as many as `logit_bias` entries: each is converted on submission and every step's
 token looked up among them."""
+STOP_TOKEN_IDS_SIZE_RULE = f"must be a list of at most {MAX_STOP_TOKEN_IDS} token ids"
 MAX_BAD_WORDS, MAX_BAD_WORD_CHARS = 1024, 1000
 """Most words in `bad_words`, and most characters in one (each is tokenized at submission and checked every step)."""
 _STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
@@ -345,8 +346,7 @@ class SamplingParams:
         if self.logit_bias is not None:
             _check(logit_bias_fits(self.logit_bias), "logit_bias", LOGIT_BIAS_SIZE_RULE)
         if isinstance(self.stop_token_ids, list):
-            _check(len(self.stop_token_ids) <= MAX_STOP_TOKEN_IDS, "stop_token_ids",
-                   f"must be a list of at most {MAX_STOP_TOKEN_IDS} token ids")
+            _check(len(self.stop_token_ids) <= MAX_STOP_TOKEN_IDS, "stop_token_ids", STOP_TOKEN_IDS_SIZE_RULE)
         for name in _NUMBER_FIELDS:
             setattr(self, name, plain_number(getattr(self, name)))
         for name in ("stop_token_ids", "allowed_token_ids"):

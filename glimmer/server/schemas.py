@@ -36,6 +36,7 @@ from glimmer.engine.sampling_params import (
     MAX_LOGPROBS,
     MAX_STOP_TOKEN_IDS,
     SEED_RANGE,
+    STOP_TOKEN_IDS_SIZE_RULE,
     structured_constraint_given,
 )
 from glimmer.engine.vllm_arguments import VLLM_ONLY_STRUCTURED_OUTPUTS_ARGUMENTS
@@ -416,6 +417,10 @@ _UNION_FIELD_HINTS = {
     "structured_outputs.json": "must be a JSON schema (an object or its JSON text)",
 }
 
+# what a field the schema caps (Field(max_length=...)) must be, as SamplingParams words its own refusal: pydantic's
+# too_long says "List should have at most 4096 items after validation, not 4097"
+_SIZE_RULES = {"stop_token_ids": STOP_TOKEN_IDS_SIZE_RULE}
+
 
 # chat fields the Responses API names otherwise: it calls chat's limit max_output_tokens and holds reasoning_effort,
 # response_format and verbosity in objects (OpenAI's 400 says they moved there); a Responses error names its own
@@ -498,6 +503,8 @@ def request_error(error: ValidationError, hints: dict[str, str] = _UNION_FIELD_H
         return RequestError(f"{param}: {str(first['input']).lower()} is not a number; give the number of most likely "
                             f"tokens wanted, 0 to {MAX_LOGPROBS} (chat completions' logprobs is the boolean)",
                             param=param)
+    if first["type"] == "too_long" and param in _SIZE_RULES:
+        return RequestError(f"{param}: {_SIZE_RULES[param]}", param=param)
     hinted = next((field for field in hints if param == field or param.startswith((f"{field}.", f"{field}["))), None)
     if hinted is not None:  # pydantic names the union member it tried last (`guided_json.str`), not a field
         return RequestError(f"{hinted}: {hints[hinted]}", param=hinted)
