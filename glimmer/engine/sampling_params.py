@@ -55,12 +55,15 @@ CHAT_ALLOWED_TOKEN_IDS_REFUSAL = (
     "render (LLM.get_tokenizer().apply_chat_template), or constrain a chat answer with response_format")
 MAX_ALLOWED_TOKEN_IDS = 1 << 20
 """Most ids in `allowed_token_ids`: a bound past any vocabulary's size (the 30B's has 202,048)."""
+ALLOWED_TOKEN_IDS_SIZE_RULE = (f"must be a non-empty list of at most {MAX_ALLOWED_TOKEN_IDS} token ids "
+                               "(None: every token)")
 MAX_STOP_TOKEN_IDS = 4096
 """Most ids in `stop_token_ids`, as many as `logit_bias` entries: each is converted on submission and every step's
 token looked up among them."""
 STOP_TOKEN_IDS_SIZE_RULE = f"must be a list of at most {MAX_STOP_TOKEN_IDS} token ids"
 MAX_BAD_WORDS, MAX_BAD_WORD_CHARS = 1024, 1000
 """Most words in `bad_words`, and most characters in one (each is tokenized at submission and checked every step)."""
+BAD_WORDS_SIZE_RULE = f"must be a list of at most {MAX_BAD_WORDS} strings (None or [] for none)"
 _STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
 
 
@@ -341,8 +344,7 @@ class SamplingParams:
         # converted, on the event loop that every other stream waits for, before it was refused for its size
         if self.allowed_token_ids is not None:
             count = len(self.allowed_token_ids) if isinstance(self.allowed_token_ids, list) else 0
-            _check(0 < count <= MAX_ALLOWED_TOKEN_IDS, "allowed_token_ids",
-                   f"must be a non-empty list of at most {MAX_ALLOWED_TOKEN_IDS} token ids (None: every token)")
+            _check(0 < count <= MAX_ALLOWED_TOKEN_IDS, "allowed_token_ids", ALLOWED_TOKEN_IDS_SIZE_RULE)
         if self.logit_bias is not None:
             _check(logit_bias_fits(self.logit_bias), "logit_bias", LOGIT_BIAS_SIZE_RULE)
         if isinstance(self.stop_token_ids, list):
@@ -441,7 +443,7 @@ class SamplingParams:
                    f"(max_model_len), not {self.truncate_prompt_tokens!r} (None: no truncation)")
         if self.bad_words is not None:
             _check(isinstance(self.bad_words, list) and len(self.bad_words) <= MAX_BAD_WORDS, "bad_words",
-                   f"must be a list of at most {MAX_BAD_WORDS} strings (None or [] for none)")
+                   BAD_WORDS_SIZE_RULE)
             bad = [w for w in self.bad_words if not (isinstance(w, str) and w.strip() and len(w) <= MAX_BAD_WORD_CHARS)]
             _check(not bad, "bad_words", f"{bad[0]!r} is not a word: each must be a string of 1 to "
                    f"{MAX_BAD_WORD_CHARS} characters, not all whitespace" if bad else "")

@@ -14,10 +14,8 @@ import copy
 
 from glimmer.engine.sampling_params import (
     CHAT_ALLOWED_TOKEN_IDS_REFUSAL,
-    LOGIT_BIAS_SIZE_RULE,
     MAX_LOGPROBS,
     SamplingParams,
-    logit_bias_fits,
 )
 from glimmer.errors import RequestError
 from glimmer.server.context import ServingContext
@@ -136,11 +134,10 @@ def _params(request: ChatCompletionRequest | CompletionRequest, context: Serving
 
 
 def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
-    """OpenAI's `logit_bias` (token ids as JSON object keys) keyed by int; SamplingParams checks the values."""
+    """OpenAI's `logit_bias` (token ids as JSON object keys) keyed by int; SamplingParams checks the values (the
+    schema has capped their count)."""
     if not bias:
         return None
-    if not logit_bias_fits(bias):  # before any key is read, as SamplingParams refuses it
-        raise RequestError(f"logit_bias: {LOGIT_BIAS_SIZE_RULE}", param="logit_bias")
     ids = {}
     keys: dict[int, str] = {}
     for key, value in bias.items():

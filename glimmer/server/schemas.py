@@ -32,7 +32,13 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
 from glimmer.engine.sampling_params import (
+    ALLOWED_TOKEN_IDS_SIZE_RULE,
+    BAD_WORDS_SIZE_RULE,
     EVERY_TOKEN_LOGPROBS_REFUSAL,
+    LOGIT_BIAS_SIZE_RULE,
+    MAX_ALLOWED_TOKEN_IDS,
+    MAX_BAD_WORDS,
+    MAX_LOGIT_BIAS_ENTRIES,
     MAX_LOGPROBS,
     MAX_STOP_TOKEN_IDS,
     SEED_RANGE,
@@ -214,17 +220,21 @@ class _SamplingFields(RequestBody):
     stop: str | Items[str] | None = None
     min_tokens: Count = 0
     ignore_eos: bool = False
-    # capped here, not by SamplingParams alone: the ids past the cap are never validated on the event loop
+    # the lists and dicts SamplingParams caps are capped here too, so entries past the cap are never validated on
+    # the event loop; request_error words the refusal as SamplingParams does (_SIZE_RULES)
     stop_token_ids: Annotated[Items[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool | None = None  # chat: default true (framing aside, see choice_stream); completions: false
     prompt_logprobs: LogprobCount | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    logit_bias: Annotated[dict[str, float], Field(fail_fast=True)] | None = None  # refused at its first bad value
-    allowed_token_ids: Items[TokenId] | None = None  # completions only: chat refuses it (sampling.py)
+    # refused at its first bad value
+    logit_bias: Annotated[dict[str, float], Field(fail_fast=True, max_length=MAX_LOGIT_BIAS_ENTRIES)] | None = None
+    # completions only: chat refuses it (sampling.py)
+    allowed_token_ids: Annotated[Items[TokenId], Field(max_length=MAX_ALLOWED_TOKEN_IDS)] | None = None
     truncate_prompt_tokens: Annotated[int, Field(ge=-1, le=INT32_MAX)] | None = None  # 0: SamplingParams names it
-    bad_words: Items[str] | None = None  # vLLM's; chat: over the whole raw turn, never its framing (bad_words.py)
+    # vLLM's; chat: over the whole raw turn, never its framing (bad_words.py)
+    bad_words: Annotated[Items[str], Field(max_length=MAX_BAD_WORDS)] | None = None
     response_format: dict[str, Any] | None = None
     structured_outputs: StructuredOutputsFields | None = None
     guided_json: str | dict[str, Any] | None = None
@@ -419,7 +429,8 @@ _UNION_FIELD_HINTS = {
 
 # what a field the schema caps (Field(max_length=...)) must be, as SamplingParams words its own refusal: pydantic's
 # too_long says "List should have at most 4096 items after validation, not 4097"
-_SIZE_RULES = {"stop_token_ids": STOP_TOKEN_IDS_SIZE_RULE}
+_SIZE_RULES = {"stop_token_ids": STOP_TOKEN_IDS_SIZE_RULE, "allowed_token_ids": ALLOWED_TOKEN_IDS_SIZE_RULE,
+               "logit_bias": LOGIT_BIAS_SIZE_RULE, "bad_words": BAD_WORDS_SIZE_RULE}
 
 
 # chat fields the Responses API names otherwise: it calls chat's limit max_output_tokens and holds reasoning_effort,
