@@ -104,7 +104,7 @@ def warn_if_beams_recompute(engine: LLMEngine) -> None:
     _WARNED_RECOMPUTE.add(engine)
     logger.warning("beam search runs without the prefix cache: every step computes the prompt and each beam's tokens "
                    "in full again (a cost growing with max_tokens squared, times beam_width); leave out "
-                   "enable_prefix_caching=False / --no-enable-prefix-caching to share their KV")
+                   "--no-enable-prefix-caching / enable_prefix_caching=False to share their KV")
 
 
 @dataclass

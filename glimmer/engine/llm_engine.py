@@ -639,11 +639,11 @@ class LLMEngine:
     def _more_kv_cache_fix(self) -> str:
         """How to give the KV cache more bytes, for a refusal: `kv_cache_memory` where it was given or the CPU's default
         sized the cache (gpu_memory_utilization sizes a GPU's alone, and only where kv_cache_memory is not given)."""
+        kv_cache_memory = option_and_keyword("--kv-cache-memory", "SIZE")
         if not self._kv_sized_by_free_gpu_memory:
-            return ("or give the KV cache more: --kv-cache-memory SIZE on the command line, kv_cache_memory= in "
-                    "LLM(...) / EngineConfig(...)")
-        return ("free device memory, or give the KV cache more: --kv-cache-memory SIZE or --gpu-memory-utilization on "
-                "the command line, kv_cache_memory= or gpu_memory_utilization= in LLM(...) / EngineConfig(...)")
+            return f"or give the KV cache more ({kv_cache_memory})"
+        return (f"free device memory, or give the KV cache more ({kv_cache_memory}, or "
+                f"{option_and_keyword('--gpu-memory-utilization', 'FRACTION')})")
 
     def _kv_budget_bytes(self, per_block: dict[str, int], wanted: dict[str, int]) -> int:
         if self.config.kv_cache_memory is not None:  # a positive number of bytes (config_checks.py)
@@ -666,18 +666,18 @@ class LLMEngine:
             return max(device_free_bytes(self.device) - reserve, sum(per_block.values()))
         # on the CPU, enough for every sequence at full length, capped so the default stays modest
         if self.config.gpu_memory_utilization != EngineConfig.gpu_memory_utilization:
-            logger.warning("gpu_memory_utilization=%s sizes the KV cache on a GPU only; on the CPU give "
-                           "kv_cache_memory (--kv-cache-memory SIZE) instead", self.config.gpu_memory_utilization)
+            logger.warning("gpu_memory_utilization=%s sizes the KV cache on a GPU only; on the CPU give %s instead",
+                           self.config.gpu_memory_utilization, option_and_keyword("--kv-cache-memory", "SIZE"))
         wanted_bytes = sum(wanted[g] * per_block[g] for g in per_block)
         room = kv_cache_room_in_host_memory(self._weighed_models())
         budget = cpu_default_kv_bytes(wanted_bytes, None if room is None else room.bytes)
         if budget < min(CPU_DEFAULT_KV_BYTES, wanted_bytes):
             logger.warning("the CPU's default KV cache (%s: %s bytes for max_num_seqs=%d, max_model_len=%d) is "
                            "lowered to %s bytes: the weights leave %s bytes of %s, less %d MiB for the steps; give "
-                           "kv_cache_memory (--kv-cache-memory SIZE) to choose its size", CPU_DEFAULT_KV_SIZING,
+                           "%s to choose its size", CPU_DEFAULT_KV_SIZING,
                            f"{min(CPU_DEFAULT_KV_BYTES, wanted_bytes):,}", self.scheduler_config.max_num_seqs,
                            self.max_model_len, f"{budget:,}", f"{max(room.bytes, 0):,}", room.memory.describe(),
-                           CPU_HEADROOM_BYTES >> 20)
+                           CPU_HEADROOM_BYTES >> 20, option_and_keyword("--kv-cache-memory", "SIZE"))
         return budget
 
     def _weighed_models(self) -> list[torch.nn.Module]:

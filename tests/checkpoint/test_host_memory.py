@@ -291,7 +291,7 @@ def test_the_cpu_s_default_kv_cache_takes_what_the_weights_leave_and_a_room_for_
     assert re.search(rf"the CPU's default KV cache \(what max_num_seqs sequences of max_model_len need, 2 GiB at "
                      rf"most: {default:,} bytes for max_num_seqs=2, max_model_len=64\) is lowered to "
                      rf"{lowered._kv_budget:,} bytes: the weights leave [\d,]+ bytes of .*, less 1024 MiB for the "
-                     r"steps; give kv_cache_memory \(--kv-cache-memory SIZE\)", caplog.text)
+                     r"steps; give --kv-cache-memory SIZE / kv_cache_memory= to choose its size", caplog.text)
     host.meminfo(mem_kb=(weights + headroom) // 1024 + 1)  # a KiB or so beside the margin: not one page of 64 tokens
     with pytest.raises(ConfigError, match=r"the KV cache \(\d[\d,]* bytes\) cannot hold one sequence of "
                                           r"max_model_len=64 tokens .*lower the context"):

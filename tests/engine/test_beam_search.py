@@ -195,7 +195,8 @@ def test_a_search_without_the_prefix_cache_warns_once_per_engine_that_it_recompu
         uncached.beam_search([_prompts()[0]], params)
         uncached.beam_search([_prompts()[1]], params)
     [record] = _search_records(caplog)
-    assert "without the prefix cache" in record.message and "--no-enable-prefix-caching" in record.message
+    assert "without the prefix cache" in record.message
+    assert "--no-enable-prefix-caching / enable_prefix_caching=False" in record.message
 
 
 def test_beams_end_where_the_context_does(llm):

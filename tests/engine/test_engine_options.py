@@ -180,7 +180,8 @@ def test_gpu_memory_utilization_on_the_cpu_says_it_does_nothing_there(tiny_check
     default = LLM(str(tiny_checkpoint), progress=False).engine.kv_layout.num_pages
     assert "gpu_memory_utilization" not in caplog.text
     assert LLM(str(tiny_checkpoint), progress=False, gpu_memory_utilization=0.1).engine.kv_layout.num_pages == default
-    assert "gpu_memory_utilization=0.1 sizes the KV cache on a GPU only" in caplog.text
+    assert ("gpu_memory_utilization=0.1 sizes the KV cache on a GPU only; on the CPU give --kv-cache-memory SIZE / "
+            "kv_cache_memory= instead") in caplog.text
 
 
 def test_start_up_logs_the_maximum_concurrency_beside_the_kv_cache(tiny_checkpoint, caplog):
@@ -411,7 +412,8 @@ def test_vllms_kv_cache_memory_bytes_sizes_the_kv_cache(tiny_checkpoint):
     assert llm.engine.config.kv_cache_memory == 8 << 20
     with pytest.raises(ConfigError, match="kv_cache_memory and kv_cache_memory_bytes .* are both given"):
         LLM(str(tiny_checkpoint), progress=False, kv_cache_memory="8MiB", kv_cache_memory_bytes=8 << 20)
-    with pytest.raises(UnsupportedArgumentError, match="^num_gpu_blocks_override: .*sizes the KV cache in bytes"):
+    with pytest.raises(UnsupportedArgumentError, match="^num_gpu_blocks_override: .*sizes the KV cache in bytes, not "
+                                                       "blocks: give --kv-cache-memory SIZE / kv_cache_memory=, N"):
         LLM(str(tiny_checkpoint), progress=False, num_gpu_blocks_override=64)
 
 

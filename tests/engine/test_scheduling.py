@@ -177,7 +177,8 @@ def test_a_kv_cache_too_small_for_one_full_length_sequence_is_refused_at_startup
     with pytest.raises(ConfigError, match="cannot hold one sequence of max_model_len=4096") as err:
         LLMEngine(EngineConfig(str(checkpoint), progress=False, kv_cache_memory=40_000))
     # audit: the fix named only the Python arguments; `glimmer serve` users need the flags
-    for name in ("--max-model-len 16 / max_model_len=16", "--kv-cache-memory", "kv_cache_memory="):
+    # and one form per option: "--kv-cache-memory SIZE on the command line, kv_cache_memory= in LLM(...)" was another
+    for name in ("--max-model-len 16 / max_model_len=16", "--kv-cache-memory SIZE / kv_cache_memory="):
         assert name in str(err.value), name
     # gpu_memory_utilization sizes no cache given in bytes, nor any on the CPU, and no device memory is to be freed:
     # fixes that change nothing were named
