@@ -104,9 +104,9 @@ def find_chat_template(
     directory = Path(checkpoint_dir)
     if override is not None:
         override_file = Path(override)
-        # named with both forms of the option: LLM(..., chat_template=FILE) has no flag
-        origin = f"{override_file} ({option_and_keyword('--chat-template')})"
-        source = _source(_read_template_file(override_file), origin)
+        # named plainly, the option left to the fix: LLM(..., chat_template=FILE) has no flag, glimmer serve no keyword
+        source = _source(_read_template_file(override_file), f"{override_file} (the caller's template)",
+                         fix=f"fix it or pass another with {OVERRIDE_OPTION}")
     elif is_file:
         if embedded is None:
             raise CheckpointError(f"{directory} has no tokenizer.chat_template in its metadata; pass the model's "
@@ -313,11 +313,11 @@ def _refuse_another_tool_use_template(default: ChatTemplateSource, tool_use: str
         )
 
 
-def _source(text: str, origin: str) -> ChatTemplateSource:
+def _source(text: str, origin: str, fix: str = f"pass the model's template with {OVERRIDE_OPTION}"
+            ) -> ChatTemplateSource:
+    """The source of `text`, read from `origin`; CheckpointError saying it is empty, and `fix`, where it is."""
     if not text.strip():
-        raise CheckpointError(
-            f"the chat template from {origin} is empty; pass the model's template with {OVERRIDE_OPTION}"
-        )
+        raise CheckpointError(f"the chat template from {origin} is empty; {fix}")
     return ChatTemplateSource(
         text=text, origin=origin, sha256=hashlib.sha256(text.encode("utf-8")).hexdigest()
     )

@@ -27,7 +27,7 @@ def test_override_file_wins_over_the_checkpoint(tmp_path):
     override.write_text("from operator", encoding="utf-8")
     source = find_chat_template(tmp_path, override=str(override))
     assert source.text == "from operator"
-    assert source.origin == f"{override} (--chat-template / chat_template=)"
+    assert source.origin == f"{override} (the caller's template)"
 
 
 def test_chat_template_jinja_wins_over_tokenizer_config(tmp_path):
@@ -199,14 +199,17 @@ def test_missing_override_file_is_named(tmp_path):
         find_chat_template(tmp_path, override=missing)
 
 
-def test_a_template_file_passed_by_the_caller_is_named_with_both_forms_of_the_option(tmp_path):
+def test_a_template_file_passed_by_the_caller_is_named_as_theirs_and_the_fix_names_the_option(tmp_path):
     """LLM(..., chat_template=FILE) with an empty file was refused as "the chat template from --chat-template FILE is
-    empty", naming a flag the Python caller never used; the file is named with both forms, as the fix is."""
+    empty", naming a flag the Python caller never used, then as "from FILE (--chat-template / chat_template=) is empty;
+    pass the model's template with --chat-template FILE / chat_template=", the option named twice and the fix one
+    for a checkpoint lacking a template; the file is named plainly, and the fix alone names the option."""
     empty = tmp_path / "t.jinja"
     empty.write_text("", encoding="utf-8")
     with pytest.raises(CheckpointError) as caught:
         find_chat_template(tmp_path, override=empty)
-    assert str(caught.value).startswith(f"the chat template from {empty} (--chat-template / chat_template=) is empty;")
+    assert str(caught.value) == (f"the chat template from {empty} (the caller's template) is empty; fix it or pass "
+                                 "another with --chat-template FILE / chat_template=")
 
 
 def test_empty_template_is_an_error(tmp_path):

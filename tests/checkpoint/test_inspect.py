@@ -86,12 +86,12 @@ def test_inspect_checks_the_chat_template_serve_would_be_given(tiny_checkpoint, 
     broken.write_text("{% if %}")
     assert main(["inspect", str(tiny_checkpoint), "--chat-template", str(broken)]) == 2
     err = capsys.readouterr().err
-    assert f"the chat template from {broken} (--chat-template / chat_template=) does not compile (line 1:" in err
+    assert f"the chat template from {broken} (the caller's template) does not compile (line 1:" in err
     good = tmp_path / "good.jinja"
     good.write_text((tiny_checkpoint / "chat_template.jinja").read_text())
     assert main(["inspect", str(tiny_checkpoint), "--chat-template", str(good), "--json"]) == 0
     origin = json.loads(capsys.readouterr().out)["chat_template"]["origin"]
-    assert origin == f"{good} (--chat-template / chat_template=)"
+    assert origin == f"{good} (the caller's template)"
 
 
 def test_inspect_refuses_a_missing_chat_template_naming_the_flag_and_the_fix(tiny_checkpoint, tmp_path, capsys):
@@ -134,7 +134,7 @@ def test_a_chat_template_failing_its_probe_is_named_by_its_origin_and_the_fix(ti
     assert main(["inspect", str(tiny_checkpoint), "--chat-template", str(template)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"glimmer: error: {error}: ") and words in err
-    named = f"the chat template from {template} (--chat-template / chat_template=) "
+    named = f"the chat template from {template} (the caller's template) "
     assert named in err and "--chat-template FILE" in err
     llm = LLM(str(tiny_checkpoint), progress=False, chat_template=str(template))
     with pytest.raises(GlimmerError, match=re.escape(named)):
