@@ -110,6 +110,8 @@ def _require_positive_float(owner: str, name: str, value: Any) -> None:
 
 # the fix for sizes no model has; a GGUF's reader gives its own (gguf_file.fields_as_gguf_keys)
 DAMAGED_CONFIG_FIX = "use the config.json published with the weights"
+# the option naming a GGUF's vision projector file, as a refusal names it (read from the command line or LLM(...))
+MMPROJ_OPTION = option_and_keyword("--mmproj")
 # the warning's words for the config.json fields a config lacks (a GGUF's say gguf_file.ABSENT_KEYS_TOOK_DEFAULTS)
 ABSENT_FIELDS_TOOK_DEFAULTS = "absent fields took transformers' defaults"
 
@@ -459,8 +461,7 @@ class ModelConfig:
         """What to do about images sent to a model without a vision tower, for the error that refuses them: a GGUF
         keeps its vision tower in a separate mmproj file."""
         if self.config_layout == "gguf" and self.vision is None:
-            return ("; a GGUF's vision tower is a separate mmproj file: pass it with "
-                    f"{option_and_keyword('--mmproj')}")
+            return f"; a GGUF's vision tower is a separate mmproj file: pass it with {MMPROJ_OPTION}"
         return ""
 
     def summary(self) -> dict[str, Any]:

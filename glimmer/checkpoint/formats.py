@@ -31,7 +31,7 @@ from glimmer.checkpoint.compressed_tensors import (
     quantization_config_of,
     refuse_unmarked_packed_weights,
 )
-from glimmer.checkpoint.config import ModelConfig
+from glimmer.checkpoint.config import MMPROJ_OPTION, ModelConfig
 from glimmer.checkpoint.config_layouts import load_config
 from glimmer.checkpoint.gguf_file import DRAFTER_ARCH, MMPROJ_ARCH, header_architecture, is_gguf_path
 from glimmer.checkpoint.json_files import read_json_object
@@ -63,7 +63,6 @@ logger = logging.getLogger(__name__)
 
 SAFETENSORS, GGUF, MLX, PICKLE = "safetensors", "gguf", "mlx", "pickle"
 COMPRESSED_TENSORS = "compressed-tensors"  # safetensors files of NVFP4-packed weights (`compressed_tensors.py`)
-MMPROJ_OPTION = option_and_keyword("--mmproj")  # a refusal is read from the command line or from LLM(...)
 
 
 @dataclass

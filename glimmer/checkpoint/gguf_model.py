@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from glimmer.checkpoint.config import (
+    MMPROJ_OPTION,
     ModelConfig,
     TextConfig,
     reference_text_layer_types,
@@ -58,7 +59,7 @@ from glimmer.checkpoint.gguf_file import (
 from glimmer.checkpoint.mapped_tensors import MappedTensor, MappedTensors
 from glimmer.checkpoint.quantized_weights import QuantizedStorage
 from glimmer.checkpoint.weight_layouts import interleaved_to_rotate_half
-from glimmer.errors import ConfigError, option_and_keyword
+from glimmer.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -149,7 +150,7 @@ def read_gguf_model(path: str | Path | GGUFFile, mmproj: str | Path | None = Non
     arch = describe_gguf_kind(file)
     if arch == MMPROJ_ARCH:
         raise file.error("this is a vision projector (mmproj) file; pass the model GGUF as the model and this "
-                         f"file with {option_and_keyword('--mmproj')}")
+                         f"file with {MMPROJ_OPTION}")
     if arch == DRAFTER_ARCH:
         raise file.error(f"this is a DFlash drafter GGUF (architecture {DRAFTER_ARCH!r}), not a Muse Glimmer model; "
                          "pass the model GGUF")

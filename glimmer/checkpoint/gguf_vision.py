@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from glimmer.checkpoint.config import TextConfig, VisionConfig, reference_vision_layer_types
+from glimmer.checkpoint.config import MMPROJ_OPTION, TextConfig, VisionConfig, reference_vision_layer_types
 from glimmer.checkpoint.gguf_file import (
     ARCHITECTURE_KEY,
     CONVERT_AGAIN,
@@ -40,7 +40,7 @@ from glimmer.checkpoint.gguf_file import (
 )
 from glimmer.checkpoint.mapped_tensors import MappedTensor
 from glimmer.checkpoint.weight_layouts import interleaved_to_rotate_half
-from glimmer.errors import ConfigError, option_and_keyword
+from glimmer.errors import ConfigError
 
 PROJECTOR_TYPE = "muse-glimmer"
 PATCH_TEMPORAL = 2
@@ -94,7 +94,7 @@ def read_mmproj(path: str | Path, text: TextConfig) -> MmprojVision:
     """Open an mmproj GGUF for the text model `text`; CheckpointError names the key or tensor at fault."""
     file = GGUFFile(path)
     if not file.has(ARCHITECTURE_KEY) or file.string(ARCHITECTURE_KEY) != MMPROJ_ARCH:
-        raise file.error(f"{option_and_keyword('--mmproj')} expects a vision projector GGUF ({ARCHITECTURE_KEY} "
+        raise file.error(f"{MMPROJ_OPTION} expects a vision projector GGUF ({ARCHITECTURE_KEY} "
                          f"{MMPROJ_ARCH!r})")
     projector = file.string("clip.projector_type") if file.has("clip.projector_type") else (
         file.string("clip.vision.projector_type") if file.has("clip.vision.projector_type") else None)
