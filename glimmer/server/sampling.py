@@ -20,7 +20,7 @@ from glimmer.engine.sampling_params import (
 from glimmer.errors import RequestError
 from glimmer.server.context import ServingContext
 from glimmer.server.schemas import ChatCompletionRequest, CompletionRequest
-from glimmer.server.settings import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS
+from glimmer.server.settings import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, STOP_STRINGS_SIZE_RULE
 
 
 def stop_strings(request: ChatCompletionRequest | CompletionRequest) -> list[str]:
@@ -28,7 +28,7 @@ def stop_strings(request: ChatCompletionRequest | CompletionRequest) -> list[str
     stop = request.stop
     strings = [stop] if isinstance(stop, str) else list(stop or [])
     if len(strings) > MAX_STOP_STRINGS:
-        raise RequestError(f"stop: at most {MAX_STOP_STRINGS} stop strings are allowed", param="stop")
+        raise RequestError(f"stop: {STOP_STRINGS_SIZE_RULE}", param="stop")
     for s in strings:
         if not s or len(s) > MAX_STOP_STRING_CHARS:
             raise RequestError(f"stop: each stop string must hold 1 to {MAX_STOP_STRING_CHARS} characters",

@@ -49,6 +49,7 @@ from glimmer.engine.vllm_arguments import VLLM_ONLY_STRUCTURED_OUTPUTS_ARGUMENTS
 from glimmer.errors import RequestError
 from glimmer.protocol.duplicate_keys import refuse_duplicate_keys
 from glimmer.protocol.request_normalization import lone_surrogate_error
+from glimmer.server.settings import MAX_STOP_STRINGS, STOP_STRINGS_SIZE_RULE
 
 # Every integer field has a range here, so that no value reaches a C conversion (torch, tokenizers) unchecked:
 # a top_k of 2**63 once overflowed inside the sampler and stopped the engine. Tighter, server-specific limits
@@ -217,7 +218,7 @@ class _SamplingFields(RequestBody):
     repetition_penalty: float | None = None
     seed: Seed | None = None
     n: int = 1  # its range (1 to the server's max_n) is checked first thing, by `sampling`, in one message
-    stop: str | Items[str] | None = None
+    stop: str | Annotated[Items[str], Field(max_length=MAX_STOP_STRINGS)] | None = None
     min_tokens: Count = 0
     ignore_eos: bool = False
     # the lists and dicts SamplingParams caps are capped here too, so entries past the cap are never validated on
@@ -430,7 +431,7 @@ _UNION_FIELD_HINTS = {
 # what a field the schema caps (Field(max_length=...)) must be, as SamplingParams words its own refusal: pydantic's
 # too_long says "List should have at most 4096 items after validation, not 4097"
 _SIZE_RULES = {"stop_token_ids": STOP_TOKEN_IDS_SIZE_RULE, "allowed_token_ids": ALLOWED_TOKEN_IDS_SIZE_RULE,
-               "logit_bias": LOGIT_BIAS_SIZE_RULE, "bad_words": BAD_WORDS_SIZE_RULE}
+               "logit_bias": LOGIT_BIAS_SIZE_RULE, "bad_words": BAD_WORDS_SIZE_RULE, "stop": STOP_STRINGS_SIZE_RULE}
 
 
 # chat fields the Responses API names otherwise: it calls chat's limit max_output_tokens and holds reasoning_effort,
@@ -514,8 +515,10 @@ def request_error(error: ValidationError, hints: dict[str, str] = _UNION_FIELD_H
         return RequestError(f"{param}: {str(first['input']).lower()} is not a number; give the number of most likely "
                             f"tokens wanted, 0 to {MAX_LOGPROBS} (chat completions' logprobs is the boolean)",
                             param=param)
-    if first["type"] == "too_long" and param in _SIZE_RULES:
-        return RequestError(f"{param}: {_SIZE_RULES[param]}", param=param)
+    field = loc[0]
+    # a union's (stop's) list member that is too long is not its first error: the string member's is
+    if field in _SIZE_RULES and any(e["type"] == "too_long" and e["loc"][:1] == (field,) for e in errors):
+        return RequestError(f"{field}: {_SIZE_RULES[field]}", param=field)
     hinted = next((field for field in hints if param == field or param.startswith((f"{field}.", f"{field}["))), None)
     if hinted is not None:  # pydantic names the union member it tried last (`guided_json.str`), not a field
         return RequestError(f"{hinted}: {hints[hinted]}", param=hinted)

@@ -33,6 +33,7 @@ REMOTE_MEDIA_THREADS = 40
 anyio's default pool, where every other request's prompt is built): a slow image host holds a thread for up to the
 fetch's time limit per item, so a few dozen such requests would otherwise leave no thread to any other request."""
 MAX_STOP_STRINGS = 16
+STOP_STRINGS_SIZE_RULE = f"at most {MAX_STOP_STRINGS} stop strings are allowed"
 MAX_STOP_STRING_CHARS = 256
 
 

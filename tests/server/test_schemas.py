@@ -19,6 +19,7 @@ from glimmer.engine.sampling_params import (
 from glimmer.errors import RequestError
 from glimmer.server.responses_schemas import ResponsesRequest
 from glimmer.server.schemas import ChatCompletionRequest, CompletionRequest, parse_body
+from glimmer.server.settings import MAX_STOP_STRINGS
 from glimmer.server.tokenize import DetokenizeRequest
 
 MANY = 10_000
@@ -84,3 +85,16 @@ def test_a_list_or_dict_past_its_cap_is_refused_by_the_schema_before_the_entries
     assert str(caught.value) == f"{field}: {rule}"
     taken = parse_body(CompletionRequest, json.dumps({**prompt, field: sized(cap)}).encode())
     assert len(getattr(taken, field)) == cap
+
+
+def test_a_stop_list_past_its_cap_is_refused_by_the_schema_before_the_strings_past_it_are_validated():
+    """The server refused more than MAX_STOP_STRINGS stop strings, but only once the schema had validated each (a
+    4 MB body holds 500,000); the schema holds the cap, so the strings past it are never checked (the number here
+    would be named otherwise), and the refusal is the server's own, not the union's "a string or a list"."""
+    body = {"prompt": "hi", "stop": ["x"] * (MAX_STOP_STRINGS + 1) + [1]}
+    with pytest.raises(RequestError) as caught:
+        parse_body(CompletionRequest, json.dumps(body).encode())
+    assert caught.value.param == "stop"
+    assert str(caught.value) == f"stop: at most {MAX_STOP_STRINGS} stop strings are allowed"
+    taken = parse_body(CompletionRequest, json.dumps({**body, "stop": ["x"] * MAX_STOP_STRINGS}).encode())
+    assert len(taken.stop) == MAX_STOP_STRINGS
