@@ -128,7 +128,6 @@ class ChatOutput:
     output: RequestOutput
     choices: list[ChatOutput] = field(default_factory=list)
     stop_string: str | None = None  # the stop string that ended the answer (stop strings match the answer only)
-    ended_early: bool = False  # the server would end the reply before the engine did (`_ServerReading.ended_by`)
 
     # vLLM's LLM.chat returns RequestOutputs: what vLLM code reads of one (`out.outputs[0].text`) is `output`'s
     @property
@@ -168,16 +167,12 @@ class ChatOutput:
 
     @property
     def finish_reason(self) -> str | None:
-        """As the OpenAI API reports it, and the server (P-API-2): when a stop string ended the answer, `tool_calls`
-        if calls were made before it, else `stop`; else `length` (unless the reply ended before the engine's limit,
-        `ended_early`), else `tool_calls` when calls were made, else `stop`."""
-        if self.stop_string is not None:
-            return "tool_calls" if self.tool_calls else "stop"
-        if self.output.finish_reason == "length" and not self.ended_early:
+        """As the OpenAI API reports it, and the server (P-API-2): `length` where the engine's limit ended the turn
+        (a reply the server ends early says `stop` raw, see the class), else `tool_calls` when calls were made,
+        else the raw completion's (`stop`)."""
+        if self.output.finish_reason == "length":
             return "length"
-        if self.tool_calls:
-            return "tool_calls"
-        return "stop" if self.ended_early else self.output.finish_reason
+        return "tool_calls" if self.tool_calls else self.output.finish_reason
 
 
 @dataclass
@@ -347,9 +342,7 @@ def _completion_ended_at_stop(completion: CompletionOutput, token_ends: list[int
     last = offset_of_answer_character(content_spans, start + len(stop_string))
     assert first is not None and last is not None, "the stop string was found in the answer these spans hold"
     tokens = bisect.bisect_left(token_ends, last) + 1
-    return replace(completion, text=completion.text[: last if include else first - 1],
-                   token_ids=completion.token_ids[:tokens], stop_reason=stop_string, finish_reason="stop",
-                   logprobs=None if completion.logprobs is None else completion.logprobs[:tokens])
+    return _completion_cut(completion, tokens, last if include else first - 1, stop_string)
 
 
 def _completion_ended_by_the_server(completion: CompletionOutput, tokens: int, text_end: int) -> CompletionOutput:
@@ -357,8 +350,15 @@ def _completion_ended_by_the_server(completion: CompletionOutput, tokens: int, t
     reply for another reason than a stop string (another role's header, P-HDR-8, or with `parallel_tool_calls=False`
     the first call): its text and tokens through that token, finish_reason `stop` (the engine's words, as vLLM's raw
     outputs; `ChatOutput.finish_reason` is the server's, `tool_calls` after calls) and no stop_reason."""
+    return _completion_cut(completion, tokens, text_end, None)
+
+
+def _completion_cut(completion: CompletionOutput, tokens: int, text_end: int,
+                    stop_reason: str | None) -> CompletionOutput:
+    """The raw `completion` ended early: its first `text_end` characters and `tokens` tokens (and their logprobs),
+    finish_reason `stop` and `stop_reason`."""
     return replace(completion, text=completion.text[:text_end], token_ids=completion.token_ids[:tokens],
-                   finish_reason="stop", stop_reason=None,
+                   finish_reason="stop", stop_reason=stop_reason,
                    logprobs=None if completion.logprobs is None else completion.logprobs[:tokens])
 
 
@@ -951,14 +951,14 @@ class LLM:
                 # `parallel_tool_calls=False`: the first call, as the server returns it under any tool_choice
                 calls = list(parsed.tool_calls)[: None if parallel_tool_calls else 1]
                 # the raw turn ends where the stop string ended the answer, as vLLM's generation ends at a stop string
-                if stop_string is not None and stop_at is not None:
+                if stop_at is not None:
                     completion = _completion_ended_at_stop(completion, token_ends, reader.content_spans, stop_at,
                                                            stop_string, turn.include_stop)
                 elif server.ended_by is not None:  # the raw turn ends at the token the server ends the reply at
                     tokens = bisect.bisect_left(token_ends, server.characters) + 1
                     completion = _completion_ended_by_the_server(completion, tokens, server.characters)
                 choice = ChatOutput(parsed.reasoning, content, calls, replace(output, outputs=[completion]),
-                                    stop_string=stop_string, ended_early=server.ended_by is not None)
+                                    stop_string=stop_string)
                 where = f"choice {completion.index}" + (f" of conversation {number}" if len(conversations) > 1 else "")
                 unsatisfied = plan.unsatisfied([call.name for call in calls], choice.finish_reason, where=where,
                                                context_full_at=self.engine.max_model_len if context_full else None)
@@ -968,7 +968,7 @@ class LLM:
             first = choices[0]
             output = replace(output, outputs=[choice.output.outputs[0] for choice in choices])
             chats.append(ChatOutput(first.reasoning, first.content, first.tool_calls, output, choices,
-                                    first.stop_string, first.ended_early))
+                                    first.stop_string))
         return chats
 
     def _chat_turn(self, plan: ToolPlan, params: SamplingParams, response_format: Any, parallel_tool_calls: bool,
