@@ -1,8 +1,12 @@
 """bench/: each script is run as `python bench/NAME.py`, and `--help` says how without running the benchmark."""
 
+import contextlib
+import io
 import os
+import runpy
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -12,13 +16,40 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = sorted((ROOT / "bench").glob("*.py"))
 
 
+@dataclass
+class _Run:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def _run(script: str, *args: str) -> _Run:
+    """`python bench/NAME.py ARGS` run in this process, as its `__main__`, for the cases whose argument checks end it
+    before any work (a subprocess would import torch again, seconds a case): its exit status, stdout and stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    argv, cwd, path = sys.argv, os.getcwd(), list(sys.path)  # the scripts put their folders on sys.path
+    sys.argv = [str(script), *args]
+    code: object = 0
+    try:
+        os.chdir(ROOT)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as exit_:
+        code = exit_.code
+    finally:
+        sys.argv, sys.path[:] = argv, path
+        os.chdir(cwd)
+    if isinstance(code, str):  # as the interpreter ends on SystemExit("message")
+        err.write(code + "\n")
+        code = 1
+    return _Run(0 if code is None else int(code), out.getvalue(), err.getvalue())
+
+
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda path: path.name)
 def test_help_prints_the_usage_and_runs_nothing(script):
     """`python bench/kv_memory.py --help` ran the benchmark (a model built, a sequence of 2,048 tokens generated)
     and printed its table, not a usage line."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, str(script), "--help"], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=120)
+    done = _run(str(script), "--help")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("usage: "), done.stdout[:300]
 
@@ -27,9 +58,7 @@ def test_help_prints_the_usage_and_runs_nothing(script):
 def test_cpu_decode_refuses_a_thread_count_that_is_not_one(threads):
     """--threads 0 ran with torch's own count, as if it were left out, and --threads -2 ended in set_num_threads'
     RuntimeError, a stack trace."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "cpu_decode.py"), "--threads", threads], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=120)
+    done = _run(str(ROOT / "bench" / "cpu_decode.py"), "--threads", threads)
     assert done.returncode == 2, done.stderr[-2000:]
     assert f"argument --threads: {threads!r} is not a thread count: give a positive integer" in done.stderr
     assert "Traceback" not in done.stderr
@@ -39,9 +68,7 @@ def test_cpu_decode_refuses_a_thread_count_that_is_not_one(threads):
 def test_kv_pages_refuses_a_cache_that_holds_no_request_of_a_load(size):
     """--kv-gib 0.3 (fewer pages than one 32K-in request holds) simulated the 32K load for ever: its scheduler waited
     for pages no request would free; 0 and -1 did the same."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "kv_pages.py"), "--kv-gib", "7.2", size], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=120)
+    done = _run(str(ROOT / "bench" / "kv_pages.py"), "--kv-gib", "7.2", size)
     assert done.returncode == 2, done.stderr[-2000:]
     assert (f"argument --kv-gib: {float(size):g} GB holds no request of the load 16 x 32K-in/256-out (2,451 pages, "
             "0.52 GB, at its longest); give 0.53 or more") in done.stderr
@@ -60,9 +87,7 @@ def test_bench_refuses_a_count_that_is_not_one(script, option, value, what):
     """cpu_decode.py --batches x ended in int()'s ValueError, --repeats 0 in min()'s on an empty list after the whole
     run; protocol_stream.py --chunk 0 in range()'s; prefix_hash.py --prompts 0 in a ZeroDivisionError;
     nano_spec_decode.py --prompts 0 printed a table of 0.0 tok/s and a speed-up: each now refuses the option, exit 2."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / f"{script}.py"), option, value], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = _run(str(ROOT / "bench" / f"{script}.py"), option, value)
     assert done.returncode == 2, done.stderr[-2000:]
     assert f"argument {option}: {value!r} is not {what}" in done.stderr
     assert "Traceback" not in done.stderr
@@ -73,9 +98,7 @@ def test_bench_refuses_a_count_that_is_not_one(script, option, value, what):
 def test_gpu_bench_without_cuda_says_it_needs_a_gpu(script):
     """gpu_30b.py and cuda_check.py without CUDA ended in torch's AssertionError, "Torch not compiled with CUDA
     enabled", a stack trace."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / f"{script}.py")], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = _run(str(ROOT / "bench" / f"{script}.py"))
     assert done.returncode == 1, done.stderr[-2000:]
     assert done.stderr == f"{script}.py needs a CUDA GPU\n"
 
@@ -95,9 +118,7 @@ def test_cpu_decode_counts_identical_outputs_over_every_repeat():
 def test_serve_throughput_against_a_url_asks_for_the_servers_model():
     """--url without --model ran the sequential baseline on the embedded glimmer-nano whatever the server served, and
     printed the server's rate over it as its speed-up."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "serve_throughput.py"), "--url", "http://127.0.0.1:9"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    done = _run(str(ROOT / "bench" / "serve_throughput.py"), "--url", "http://127.0.0.1:9")
     assert done.returncode == 2, done.stderr[-2000:]
     assert ("argument --url: give --model too, the checkpoint that server serves: the sequential baseline runs it in "
             "this process") in done.stderr
@@ -112,8 +133,6 @@ def test_serving_bench_refuses_a_count_that_is_not_one(script, option, value):
     """serve_throughput.py --clients 0 waited for ever on a pool of no connections, --requests 0 printed a speed-up
     of 0.00x; cpu_server.py --rounds 0 and --streams 0 ended in a KeyError and a ZeroDivisionError after starting a
     server; agent_request.py --rounds 0 in a StatisticsError, and --tools -1 ran with 4 tools."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / f"{script}.py"), option, value], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = _run(str(ROOT / "bench" / f"{script}.py"), option, value)
     assert done.returncode == 2, done.stderr[-2000:]
     assert f"argument {option}: {value!r} is not a count: give a whole number, 1 or more" in done.stderr
