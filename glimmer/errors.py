@@ -35,6 +35,10 @@ def option_and_keyword(option: str, value: str = "", keyword_value: str = "") ->
     return f"{option} {value} / {keyword}={keyword_value}" if value else f"{option} / {keyword}={keyword_value}"
 
 
+KV_CACHE_MEMORY_OPTION = option_and_keyword("--kv-cache-memory", "SIZE")
+"""The KV cache's size as a fix names it, in the engine's refusals and warnings and the host-memory check's."""
+
+
 class RequestError(GlimmerError, ValueError):
     """A generation request (sampling parameters, prompt, messages) is invalid.
 

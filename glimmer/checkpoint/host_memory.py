@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from glimmer.checkpoint.quantized_weights import QuantizedStorage
-from glimmer.errors import ConfigError, option_and_keyword
+from glimmer.errors import KV_CACHE_MEMORY_OPTION, ConfigError, option_and_keyword
 
 MEMINFO = Path("/proc/meminfo")
 PROC_SELF_CGROUP = Path("/proc/self/cgroup")
@@ -249,4 +249,4 @@ def check_kv_cache_fits_in_host_memory(kv_bytes: int, models: list[nn.Module]) -
         return
     raise ConfigError(f"kv_cache_memory={kv_bytes:,} bytes is more than the {max(room.bytes, 0):,} bytes the weights' "
                       f"{_size(room.weights)} leave of {room.memory.describe()}; give the KV cache less "
-                      f"({option_and_keyword('--kv-cache-memory', 'SIZE')})")
+                      f"({KV_CACHE_MEMORY_OPTION})")

@@ -77,6 +77,7 @@ from glimmer.engine.stop_strings import StopStringMatcher
 from glimmer.engine.tokenizer import load_checkpoint_tokenizer
 from glimmer.engine.working_memory import WorkingMemory, device_free_bytes, measure_working_memory
 from glimmer.errors import (
+    KV_CACHE_MEMORY_OPTION,
     CheckpointError,
     ConfigError,
     ConstraintFailure,
@@ -429,7 +430,7 @@ class LLMEngine:
                 logger.warning("start-up still keeps %.2f GiB more device memory than planned beside the KV cache: "
                                "the largest steps may run out of memory; lower %s or give %s",
                                still / 2**30, option_and_keyword("--gpu-memory-utilization"),
-                               option_and_keyword("--kv-cache-memory", "SIZE"))
+                               KV_CACHE_MEMORY_OPTION)
         self.scheduler = Scheduler(self.scheduler_config, self.kv, self.speculator)
         self._chat_template: ChatTemplate | None = None
         self._chat_template_source: ChatTemplateSource | CheckpointError | None = None  # found, or why not
@@ -639,10 +640,9 @@ class LLMEngine:
     def _more_kv_cache_fix(self) -> str:
         """How to give the KV cache more bytes, for a refusal: `kv_cache_memory` where it was given or the CPU's default
         sized the cache (gpu_memory_utilization sizes a GPU's alone, and only where kv_cache_memory is not given)."""
-        kv_cache_memory = option_and_keyword("--kv-cache-memory", "SIZE")
         if not self._kv_sized_by_free_gpu_memory:
-            return f"or give the KV cache more ({kv_cache_memory})"
-        return (f"free device memory, or give the KV cache more ({kv_cache_memory}, or "
+            return f"or give the KV cache more ({KV_CACHE_MEMORY_OPTION})"
+        return (f"free device memory, or give the KV cache more ({KV_CACHE_MEMORY_OPTION}, or "
                 f"{option_and_keyword('--gpu-memory-utilization', 'FRACTION')})")
 
     def _kv_budget_bytes(self, per_block: dict[str, int], wanted: dict[str, int]) -> int:
@@ -667,7 +667,7 @@ class LLMEngine:
         # on the CPU, enough for every sequence at full length, capped so the default stays modest
         if self.config.gpu_memory_utilization != EngineConfig.gpu_memory_utilization:
             logger.warning("gpu_memory_utilization=%s sizes the KV cache on a GPU only; on the CPU give %s instead",
-                           self.config.gpu_memory_utilization, option_and_keyword("--kv-cache-memory", "SIZE"))
+                           self.config.gpu_memory_utilization, KV_CACHE_MEMORY_OPTION)
         wanted_bytes = sum(wanted[g] * per_block[g] for g in per_block)
         room = kv_cache_room_in_host_memory(self._weighed_models())
         budget = cpu_default_kv_bytes(wanted_bytes, None if room is None else room.bytes)
@@ -677,7 +677,7 @@ class LLMEngine:
                            "%s to choose its size", CPU_DEFAULT_KV_SIZING,
                            f"{min(CPU_DEFAULT_KV_BYTES, wanted_bytes):,}", self.scheduler_config.max_num_seqs,
                            self.max_model_len, f"{budget:,}", f"{max(room.bytes, 0):,}", room.memory.describe(),
-                           CPU_HEADROOM_BYTES >> 20, option_and_keyword("--kv-cache-memory", "SIZE"))
+                           CPU_HEADROOM_BYTES >> 20, KV_CACHE_MEMORY_OPTION)
         return budget
 
     def _weighed_models(self) -> list[torch.nn.Module]:
@@ -695,7 +695,7 @@ class LLMEngine:
         if kv_bytes > room:
             raise ConfigError(f"kv_cache_memory={kv_bytes:,} bytes is more than the GPU memory free after the weights "
                               f"({self.device}) and the verification reserve ({max(room, 0):,} bytes); give the KV "
-                              f"cache less ({option_and_keyword('--kv-cache-memory', 'SIZE')})")
+                              f"cache less ({KV_CACHE_MEMORY_OPTION})")
 
     def _media_processor(self) -> MediaProcessor | None:
         vision = self.model_config.vision

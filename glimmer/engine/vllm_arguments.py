@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
 from glimmer.default_model import model_location
-from glimmer.errors import UnsupportedArgumentError, option_and_keyword
+from glimmer.errors import KV_CACHE_MEMORY_OPTION, UnsupportedArgumentError
 
 ChangesNothing = Callable[[Any, Mapping[str, Any]], bool]
 """Whether an argument's value (given the other keyword arguments) changes nothing in Glimmer."""
@@ -404,7 +404,7 @@ VLLM_ONLY_LLM_ARGUMENTS: dict[str, VllmArgument] = {
         "a number of GiB, 0 or more (Glimmer recomputes preempted requests instead of swapping them, so any such "
         "number changes nothing); leave it out")),
     "num_gpu_blocks_override": VllmArgument(_only(None), (
-        f"Glimmer sizes the KV cache in bytes, not blocks: give {option_and_keyword('--kv-cache-memory', 'SIZE')}, N "
+        f"Glimmer sizes the KV cache in bytes, not blocks: give {KV_CACHE_MEMORY_OPTION}, N "
         "blocks being N x block_size tokens of keys and values; leave it out")),
     "cpu_offload_gb": VllmArgument(_only(0, 0.0), "weights are not offloaded to the CPU; leave it out"),
     "max_seq_len_to_capture": VllmArgument(lambda value, given: value is None or (type(value) is int and value >= 1), (
