@@ -35,7 +35,13 @@ from typing import TypeVar
 from glimmer.checkpoint.generation_config import check_generation_config_mode
 from glimmer.engine.fork_guard import check_not_forked
 from glimmer.engine.grammar import ControllerFactory
-from glimmer.engine.llm_engine import EngineConfig, LLMEngine, StepError, warn_of_default_repetition_penalty
+from glimmer.engine.llm_engine import (
+    EngineConfig,
+    LLMEngine,
+    StepError,
+    log_sampling_defaults,
+    warn_of_default_repetition_penalty,
+)
 from glimmer.engine.outputs import StepDelta
 from glimmer.engine.sampling_params import SamplingParams
 from glimmer.engine.sequence import MultimodalItem
@@ -145,6 +151,8 @@ class AsyncEngine:
         self.generation_config = generation_config
         self.engine = LLMEngine(config)
         if generation_config == "auto":
+            log_sampling_defaults(self.engine.generation_defaults, "requests that leave them out",
+                                  "--generation-config vllm for OpenAI's defaults")
             warn_of_default_repetition_penalty(self.engine.generation_defaults, "requests that leave it out",
                                                "send repetition_penalty 1 (or serve with --generation-config vllm) "
                                                "to turn it off")

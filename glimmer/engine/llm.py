@@ -46,7 +46,13 @@ from glimmer.engine.detokenizer import IncrementalDetokenizer
 from glimmer.engine.fork_guard import check_not_forked
 from glimmer.engine.grammar import ControllerFactory, chat_answer_grammar, check_tool_parameters
 from glimmer.engine.interrupt_guard import InterruptsBetweenSteps
-from glimmer.engine.llm_engine import EngineConfig, LLMEngine, StepError, warn_of_default_repetition_penalty
+from glimmer.engine.llm_engine import (
+    EngineConfig,
+    LLMEngine,
+    StepError,
+    log_sampling_defaults,
+    warn_of_default_repetition_penalty,
+)
 from glimmer.engine.llm_tokenizer import LLMTokenizer, is_token_id
 from glimmer.engine.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput, StepDelta
 from glimmer.engine.prompt_parts import prompt_text_parts
@@ -429,7 +435,9 @@ class LLM:
         media_policy = media_fetch_policy(allowed_local_media_path, allow_remote_media, allowed_media_domains,
                                           max_media_bytes, media_fetch_timeout)
         self.engine = LLMEngine(EngineConfig(model=model, dtype=dtype, device=device, **engine_options))
-        if generation_config == "auto":  # under "vllm" no call takes the checkpoint's penalty
+        if generation_config == "auto":  # under "vllm" no call takes the checkpoint's defaults
+            log_sampling_defaults(self.engine.generation_defaults, "generate and chat calls without SamplingParams",
+                                  "LLM(..., generation_config='vllm') for vLLM's plain defaults")
             warn_of_default_repetition_penalty(self.engine.generation_defaults, "generate and chat calls without "
                                                "SamplingParams", "pass SamplingParams, or LLM(..., "
                                                "generation_config='vllm') for vLLM's plain defaults")

@@ -104,6 +104,16 @@ def warn_of_default_repetition_penalty(defaults: GenerationDefaults, penalized: 
                        penalized, turn_off)
 
 
+def log_sampling_defaults(defaults: GenerationDefaults, takers: str, opt_out: str) -> None:
+    """Say at start which of the checkpoint's sampling defaults `takers` (the requests or calls that leave a field
+    out) are given, and how to `opt_out`, as vLLM logs that its generation config overrides its defaults; nothing
+    where the checkpoint sets none. Only the caller knows who takes them (none under generation_config="vllm")."""
+    fields = defaults.sampling_defaults()
+    if fields:
+        logger.info("%s take the checkpoint's sampling defaults: %s (%s)", takers,
+                    ", ".join(f"{name}={value}" for name, value in fields.items()), opt_out)
+
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _REPLAN_MARGIN_BYTES = 256 << 20  # taken off a KV cache sized again beyond the shortfall (`_working_shortfall`)
 # left out of a GPU's first KV cache sizing for the kernels its first steps load (CUDA loads a kernel's module at its

@@ -504,6 +504,27 @@ def test_a_checkpoint_repetition_penalty_is_warned_of_where_requests_take_it(tin
     assert "repetition_penalty" not in caplog.text
 
 
+def test_the_start_up_log_names_the_checkpoint_defaults_requests_take(tiny_checkpoint, tmp_path, caplog):
+    """vLLM logs the defaults its generation config overrides ("Default sampling parameters have been overridden by
+    the model's Hugging Face generation config"); Glimmer said nothing unless a repetition_penalty was set, so a
+    server whose requests all sampled at the checkpoint's temperature 0.6 looked like one at OpenAI's 1."""
+    from glimmer.engine.async_engine import AsyncEngine
+    from glimmer.engine.llm_engine import EngineConfig
+
+    model = _with_generation_config(tiny_checkpoint, tmp_path, temperature=0.6, top_k=20, max_new_tokens=7)
+    with caplog.at_level("INFO"):
+        LLM(str(model), progress=False)
+    assert ("generate and chat calls without SamplingParams take the checkpoint's sampling defaults: "
+            "temperature=0.6, top_k=20, max_tokens=7 (LLM(..., generation_config='vllm') for vLLM's plain defaults)"
+            ) in caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO"):  # under --generation-config vllm no request takes them: nothing is said
+        engine = AsyncEngine(EngineConfig(model=str(model), progress=False, kv_cache_memory=8 << 20),
+                             generation_config="vllm")
+    engine.shutdown()
+    assert "sampling defaults" not in caplog.text
+
+
 def test_min_p_filters_before_top_p_as_vllm_does():
     """vLLM: temperature → min-p → top-k → top-p, top-p on what min-p left. Probabilities 0.4, 0.3, 0.15, 0.1,
     0.05: min_p 0.3 keeps the first three (0.15 is 0.375 of the top), renormalized 0.47, 0.35, 0.18; top_p 0.75
