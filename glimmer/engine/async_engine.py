@@ -154,8 +154,8 @@ class AsyncEngine:
             log_sampling_defaults(self.engine.generation_defaults, "requests that leave them out",
                                   "--generation-config vllm for OpenAI's defaults")
             warn_of_default_repetition_penalty(self.engine.generation_defaults, "requests that leave it out",
-                                               "send repetition_penalty 1 (or serve with --generation-config vllm) "
-                                               "to turn it off")
+                                               "start with --generation-config vllm, or send repetition_penalty 1 in "
+                                               "each request, to turn it off")
         self.max_waiting_requests = max_waiting_requests
         self.metrics = EngineMetrics()
         self._commands: queue.Queue = queue.Queue()

@@ -496,6 +496,9 @@ def test_a_checkpoint_repetition_penalty_is_warned_of_where_requests_take_it(tin
         engine = AsyncEngine(EngineConfig(model=str(model), progress=False, kv_cache_memory=8 << 20))
     engine.shutdown()
     assert "repetition_penalty=1.2: requests that leave it out are penalized" in caplog.text
+    # the engine of glimmer serve, run-batch and an in-process glimmer chat, which sends no repetition_penalty: its fix
+    # read "send repetition_penalty 1 (or serve with --generation-config vllm)"
+    assert "; start with --generation-config vllm, or send repetition_penalty 1 in each request" in caplog.text
     caplog.clear()
     with caplog.at_level("WARNING"):  # a server's requests take no checkpoint default under --generation-config vllm
         engine = AsyncEngine(EngineConfig(model=str(model), progress=False, kv_cache_memory=8 << 20),
