@@ -392,8 +392,8 @@ class LLM:
     device: "cpu" | "cuda" (default: cuda if available). seed (default 0): where the seeds of requests without
     their own come from, so a run repeats; None draws a fresh one each time (vLLM's seed=None).
     generation_config: "auto" (default) takes the sampling defaults of a call without SamplingParams from
-    the checkpoint's generation_config.json (temperature, top_p, top_k), as the server does; "vllm" uses
-    plain `SamplingParams()`.
+    the checkpoint's generation_config.json (temperature, top_p, top_k, min_p, repetition_penalty, and
+    max_new_tokens as max_tokens), as the server does; "vllm" uses plain `SamplingParams()`.
     Other keyword arguments are `EngineConfig` fields (max_model_len, max_num_seqs,
     max_num_batched_tokens, kv_cache_memory (or vLLM's kv_cache_memory_bytes), block_size, enable_prefix_caching, seed,
     chat_template); `progress=False`
