@@ -286,6 +286,16 @@ def prompt_threads(messages: Any, context: ServingContext) -> CapacityLimiter | 
     return None
 
 
+def _over_the_media_limit(param: str, kind: str, limit: int) -> str:
+    """The refusal of the `kind` part at `param`, one past the server's `limit` of them a request: at 0 the server
+    takes none ("more than 0 images" read as a count the request could meet)."""
+    if limit == 0:
+        return (f"{param}: {kind}s are disabled on this server (--max-{kind}s-per-request 0, or --limit-mm-per-prompt "
+                f"{kind}=0); send the request without {kind}s")
+    return (f"{param}: more than {limit} {kind}s in one request (the server's limit: --max-{kind}s-per-request, or "
+            "--limit-mm-per-prompt)")
+
+
 class MediaLimitError(RequestError):
     """More images (or videos) in one request than the server takes: `param` the first part over the limit,
     `counted` the parts of its `kind` taken before it."""
@@ -324,8 +334,7 @@ def load_media(messages: list[Mapping[str, Any]], context: ServingContext, cance
                                param=param)
         _, reference = media_from_part(part, param)
         if len(counted[kind]) == limits[kind]:
-            raise MediaLimitError(f"{param}: more than {limits[kind]} {kind}s in one request (the server's limit: "
-                                  f"--max-{kind}s-per-request, or --limit-mm-per-prompt)", param=param, kind=kind,
+            raise MediaLimitError(_over_the_media_limit(param, kind, limits[kind]), param=param, kind=kind,
                                   counted=tuple(counted[kind]))
         references.append((reference, kind, len(counted[kind])))
         places.append(at)
