@@ -1726,9 +1726,15 @@ def _media_counts(args: argparse.Namespace) -> dict[str, int]:
     return {f"max_{kind}s_per_request": limits[kind] for kind in ("image", "video") if kind in limits}
 
 
+_MEDIA_LIMIT_SIZES = {"image": ("width", "height"), "video": ("num_frames", "width", "height")}
+"""The keys beside `count` of newer vLLM's `--limit-mm-per-prompt '{"image": {"count": 4, ...}}'`: the sizes of the
+dummy media vLLM profiles its memory with, which change nothing here (Glimmer profiles no dummy media)."""
+
+
 def _limit_mm_per_prompt(text: str) -> dict[str, int]:
     """vLLM's --limit-mm-per-prompt: a JSON object (or `image=N,video=M`) of the most images and videos a request
-    may hold."""
+    may hold, each a count or, as newer vLLM takes it, an object of its `count` and profiling sizes (taken, changing
+    nothing; without a count the kind keeps its default). Returns the counts given, by kind."""
     wrong = argparse.ArgumentTypeError(f"{text!r} is not a JSON object like '{{\"image\": 4, \"video\": 1}}'")
     try:
         limits = json.loads(text) if text.lstrip().startswith("{") else {
@@ -1737,12 +1743,37 @@ def _limit_mm_per_prompt(text: str) -> dict[str, int]:
         raise wrong from None
     if not isinstance(limits, dict) or not limits:
         raise wrong
+    counts = {}
     for key, value in limits.items():
-        if key not in ("image", "video"):
+        if key not in _MEDIA_LIMIT_SIZES:
             raise argparse.ArgumentTypeError(f"{key!r}: this model takes images and videos only")
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        if isinstance(value, dict):
+            value = _media_limit_count(key, value)
+            if value is None:
+                continue
+        elif not _is_count(value):
             raise argparse.ArgumentTypeError(f"{key}: {value!r} is not a count (a whole number, 0 or more)")
-    return limits
+        counts[key] = value
+    return counts
+
+
+def _media_limit_count(kind: str, options: dict[str, Any]) -> int | None:
+    """The `count` of one kind's options in newer vLLM's form (None where it names none), its other keys checked as
+    vLLM checks them: whole numbers above 0, or null. Raises ArgumentTypeError naming the key."""
+    for key, value in options.items():
+        if key == "count":
+            if not _is_count(value):
+                raise argparse.ArgumentTypeError(f"{kind}.count: {value!r} is not a count (a whole number, 0 or more)")
+        elif key not in _MEDIA_LIMIT_SIZES[kind]:
+            raise argparse.ArgumentTypeError(f"{kind}.{key}: unknown key; {kind} takes count, "
+                                             f"{', '.join(_MEDIA_LIMIT_SIZES[kind])}")
+        elif value is not None and not (_is_count(value) and value > 0):
+            raise argparse.ArgumentTypeError(f"{kind}.{key}: {value!r} is not a size (a whole number above 0)")
+    return options.get("count")
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 _SECRET_VLLM_OPTIONS = {"--hf-token"}
@@ -2011,7 +2042,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-videos-per-request", type=int, default=None,
                        help="more videos in one request get HTTP 400 (default 2)")
     serve.add_argument("--limit-mm-per-prompt", type=_limit_mm_per_prompt, default=None, metavar="JSON",
-                       help='vLLM\'s form of the two limits above: \'{"image": 4, "video": 1}\' (or image=4,video=1)')
+                       help='vLLM\'s form of the two limits above: \'{"image": 4, "video": 1}\' (or image=4,video=1), '
+                            'or newer vLLM\'s \'{"image": {"count": 4, "width": 512, "height": 512}}\', whose '
+                            'profiling sizes (width, height, num_frames) change nothing')
     serve.add_argument("--default-reasoning-strength", choices=["low", "medium", "high", "xhigh"], default=None,
                        help="when a request names none (default: the template's own, high)")
     serve.add_argument("--default-chat-template-kwargs", type=_json_object, default=None, metavar="JSON",
@@ -2122,7 +2155,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "HTTP 400, whose message names this flag)")
     batch.add_argument("--limit-mm-per-prompt", type=_limit_mm_per_prompt, default=None, metavar="JSON",
                        help='the most images and videos a request may hold, as vLLM\'s: \'{"image": 4, "video": 1}\' '
-                            '(or image=4,video=1; default 16 images, 2 videos); more get HTTP 400')
+                            '(or image=4,video=1, or newer vLLM\'s {"image": {"count": 4, ...}}; default 16 images, '
+                            '2 videos); more get HTTP 400')
     vllm = batch.add_argument_group(
         "vLLM's run-batch options", "taken where their value changes nothing here (no metrics server, no upload), "
         "each noted at startup; another value is refused saying what to do instead")
