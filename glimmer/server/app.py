@@ -37,7 +37,7 @@ from glimmer.server.context import ServingContext
 from glimmer.server.errors import APIError, error_body, error_response
 from glimmer.server.invocations import invoke
 from glimmer.server.metrics import ServerMetrics
-from glimmer.server.request_id import CLIENT_HEADER_COUNT, MADE_ID, RESPONSES_ROUTES
+from glimmer.server.request_id import CLIENT_HEADER_COUNT, MADE_ID, RESPONSES_ROUTES, is_taken
 from glimmer.server.request_id import HEADER as REQUEST_ID_HEADER
 from glimmer.server.responses import (
     cancel_response,
@@ -504,13 +504,19 @@ class _HeaderCountLimit(_HttpMiddleware):
 
 class _RequestIdHeaders(_HttpMiddleware):
     """vLLM's --enable-request-id-headers: every response carries `X-Request-Id`, the request's, or one made here
-    when it sent none, which the request then carries on (a completion's id is built on it, as on a client's)."""
+    when it sent none, which the request then carries on (a completion's id is built on it, as on a client's).
+    An id the server refuses (request_id.is_taken) is not reflected: the response carries one made for it, as a
+    header 5,000 characters long or of bytes outside ASCII, echoed, would reach the client's logs and proxies."""
 
     async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         name = REQUEST_ID_HEADER.lower().encode()
-        request_id = next((value for key, value in scope["headers"] if key == name and value), None)
+        sent_ids = [value for key, value in scope["headers"] if key == name and value]
         state: dict[str, Any] = {}
-        if request_id is None:  # made here (an empty header is none); a body's `request_id` replaces it
+        if sent_ids and is_taken([value.decode("latin-1") for value in sent_ids]):
+            request_id = sent_ids[0]
+        elif sent_ids:  # the response's alone: the route refuses the request's own
+            request_id = uuid.uuid4().hex.encode()
+        else:  # made here (an empty header is none); a body's `request_id` replaces it
             request_id = uuid.uuid4().hex.encode()
             state = {**scope.get("state", {}), MADE_ID: request_id.decode()}
             headers = [*(header for header in scope["headers"] if header[0] != name), (name, request_id)]

@@ -78,6 +78,13 @@ def _body_id(raw_request: Request, body_id: str) -> str:
     return chosen
 
 
+def is_taken(header_values: list[str]) -> bool:
+    """Whether the `X-Request-Id` header's values (Latin-1 text, as the server reads them) are an id the server takes:
+    one, of visible ASCII, at most MAX_CHARS long (`client_request_id` refuses any other)."""
+    return len(header_values) == 1 and len(header_values[0]) <= MAX_CHARS and \
+        _PRINTABLE.fullmatch(header_values[0]) is not None
+
+
 def _checked(value: str, name: str, shown: str | None = None) -> str:
     """`value`; RequestError naming `name` and quoting `shown` (the value as the client wrote it, `value` by default)
     for one not visible ASCII, else for one too long (a header's length counted right only then: outside ASCII, its

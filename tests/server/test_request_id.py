@@ -4,6 +4,7 @@ response (`chatcmpl-ID`, `cmpl-ID`); requests in flight may share one; `--enable
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import pytest
@@ -114,6 +115,8 @@ def test_a_long_id_outside_ascii_is_refused_for_its_characters(server, headers, 
 
 
 def test_request_id_headers_echo_the_id_or_make_one_the_response_is_named_by(make_tiny):
+    """--enable-request-id-headers echoes an id the server takes; one it refuses (too long, not visible ASCII, sent
+    twice) was reflected as sent, 5,000 characters or bytes outside ASCII, and the response now carries one made."""
     with live_server(make_tiny(), scripted=True, request_id_headers=True) as server:
         echoed = _post(server, "/completions", COMPLETION, {"X-Request-Id": "trace-4"})
         assert echoed.headers["x-request-id"] == "trace-4"
@@ -130,6 +133,15 @@ def test_request_id_headers_echo_the_id_or_make_one_the_response_is_named_by(mak
         assert empty.json()["id"] == f"cmpl-{empty.headers['x-request-id']}" != "cmpl-"
         named = _post(server, "/completions", {**COMPLETION, "request_id": "body-6"}, {"X-Request-Id": ""})
         assert (named.json()["id"], named.headers["x-request-id"]) == ("cmpl-body-6", "body-6")
+        # an id the server refuses is not reflected (5,000 characters, bytes outside ASCII, two ids): one is made
+        for headers in ({"X-Request-Id": "x" * 5000}, [("X-Request-Id", b"caf\xc3\xa9")],
+                        [("X-Request-Id", "a"), ("X-Request-Id", "b")]):
+            refused = _post(server, "/completions", COMPLETION, headers)
+            assert refused.status_code == 400 and refused.json()["error"]["param"] == "X-Request-Id", refused.text
+            assert re.fullmatch("[0-9a-f]{32}", refused.headers["x-request-id"]), refused.headers["x-request-id"]
+            health = httpx.get(server.url + "/health", headers=headers)
+            assert re.fullmatch("[0-9a-f]{32}", health.headers["x-request-id"]), health.headers["x-request-id"]
+        assert httpx.get(server.url + "/health", headers={"X-Request-Id": "t 1"}).headers["x-request-id"] == "t 1"
     with live_server(make_tiny(), scripted=True) as server:
         assert "x-request-id" not in _post(server, "/completions", COMPLETION, {"X-Request-Id": "t"}).headers
 
