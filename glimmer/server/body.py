@@ -16,7 +16,7 @@ from fastapi import Request
 from starlette.requests import ClientDisconnect
 
 from glimmer.engine.async_engine import EngineShuttingDownError
-from glimmer.server.errors import APIError
+from glimmer.server.errors import APIError, header_as_sent
 from glimmer.server.streaming import SHUTDOWN_CHECK_INTERVAL_S, ClientDisconnected
 
 if TYPE_CHECKING:
@@ -36,19 +36,20 @@ def check_json_content_type(request: Request) -> None:
     Raises APIError 400 for more than one Content-Type header, which no reading of the request can settle."""
     declared_all = request.headers.getlist("content-type")
     if len(declared_all) > 1:  # a field sent once (RFC 9110 §5.3): which line counts is a guess
-        shown = ", ".join(repr(value[:60]) for value in declared_all[:4])
+        shown = ", ".join(repr(header_as_sent(value)[:60]) for value in declared_all[:4])
         raise APIError(400, f"the request has {len(declared_all)} Content-Type headers ({shown}); send exactly one, "
                             "`Content-Type: application/json`")
     declared = declared_all[0] if declared_all else ""
     if declared.split(";", 1)[0].strip().lower() != "application/json":
-        shown = repr(declared) if declared else "none"
+        shown = repr(header_as_sent(declared)) if declared else "none"
         raise APIError(415, f"the request body must be JSON sent with `Content-Type: application/json` (got "
                             f"{shown})", code="unsupported_media_type")
     # a list field (RFC 9110 §8.4): several header lines are one list, each coding of which applies
     coding = ", ".join(request.headers.getlist("content-encoding"))
     if any(part.strip().lower() not in ("", "identity") for part in coding.split(",")):
-        raise APIError(415, f"the request body must be sent uncompressed (got `Content-Encoding: {coding[:40]}`); "
-                            "Glimmer does not decode request bodies", code="unsupported_media_type")
+        raise APIError(415, f"the request body must be sent uncompressed (got `Content-Encoding: "
+                            f"{header_as_sent(coding)[:40]}`); Glimmer does not decode request bodies",
+                       code="unsupported_media_type")
 
 
 async def read_body(request: Request, context: ServingContext) -> bytes:

@@ -39,6 +39,17 @@ class APIError(GlimmerError):
         self.code = code
 
 
+def header_as_sent(value: str) -> str:
+    """A header's value as the client wrote it, for an error to quote: its bytes come as Latin-1 text, which spells
+    UTF-8 (curl's, a proxy's) as other characters (`café` as 'cafÃ©'); bytes that are no UTF-8 stay as Latin-1 reads
+    them."""
+    data = value.encode("latin-1")
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        return value
+
+
 def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
     if param is not None and len(param) > _QUOTED_LIMIT:
         param = f"{param[:_QUOTED_LIMIT // 2]}… ({len(param):,} characters)"

@@ -16,6 +16,7 @@ import uuid
 from fastapi import Request
 
 from glimmer.errors import RequestError
+from glimmer.server.errors import header_as_sent
 
 HEADER = "X-Request-Id"
 MADE_ID = "glimmer_made_request_id"
@@ -43,7 +44,7 @@ def client_request_id(raw_request: Request, body_id: str | None) -> str | None:
         raise RequestError(f"the request has {len(sent)} {HEADER} headers; send exactly one", param=HEADER)
     state = raw_request.scope.get("state", {})
     if sent and not (body_id is not None and state.get(MADE_ID) == sent[0]):
-        return _checked(sent[0], HEADER, shown=_as_sent(sent[0]))
+        return _checked(sent[0], HEADER, shown=header_as_sent(sent[0]))
     if body_id is None:
         return sent[0] if sent else None
     return _body_id(raw_request, body_id)
@@ -96,16 +97,6 @@ def _checked(value: str, name: str, shown: str | None = None) -> str:
     if len(value) > MAX_CHARS:
         raise RequestError(f"{name}: {len(value):,} characters; send at most {MAX_CHARS}", param=name)
     return value
-
-
-def _as_sent(header_value: str) -> str:
-    """A header's value as the client wrote it: its bytes come as Latin-1 text, which spells UTF-8 (curl's, a
-    proxy's) as other characters (`café` as 'cafÃ©'); bytes that are no UTF-8 stay as Latin-1 reads them."""
-    data = header_value.encode("latin-1")
-    try:
-        return data.decode()
-    except UnicodeDecodeError:
-        return header_value
 
 
 def engine_request_id(response_id: str) -> str:

@@ -120,6 +120,20 @@ def test_a_json_endpoint_refuses_other_media_types_with_415(server, content_type
     assert response.status_code == 415
 
 
+def test_a_media_type_or_coding_outside_ascii_is_quoted_as_the_client_wrote_it(server):
+    """A header's UTF-8 bytes (curl's, a proxy's) were quoted as Latin-1 reads them, `text/café` as 'text/cafÃ©'."""
+    body = json.dumps(chat_body()).encode()
+    for headers, status, quoted in (
+            ([("Content-Type", "text/caf\u00e9".encode())], 415, "(got 'text/caf\u00e9')"),
+            ([("Content-Type", b"application/json"), ("Content-Encoding", "z\u00e9".encode())], 415,
+             "`Content-Encoding: z\u00e9`"),
+            ([("Content-Type", b"application/json"), ("Content-Type", "caf\u00e9".encode())], 400,
+             "('application/json', 'caf\u00e9')")):
+        response = httpx.post(server.base_url + "/chat/completions", content=body, headers=headers, timeout=30)
+        message = error_of(response, status)["message"]
+        assert quoted in message and "\u00c3" not in message, message
+
+
 @pytest.mark.parametrize("coding", ["gzip", "br", "deflate, gzip"])
 def test_a_compressed_body_is_refused_with_415_not_read_as_json(server, coding):
     """A gzip body was answered "not valid JSON", and a plain body declared gzip was served as if undeclared."""
