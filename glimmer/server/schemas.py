@@ -510,6 +510,9 @@ def request_error(error: ValidationError, hints: dict[str, str] = _UNION_FIELD_H
                             "ignore something that might change the output", param=param)
     if first["type"] == "greater_than_equal" and first["input"] == -1 and param in LOGPROB_COUNT_FIELDS:
         return RequestError(f"{param}: {EVERY_TOKEN_LOGPROBS_REFUSAL}", param=param)  # vLLM's server takes -1
+    if first["type"] == "less_than_equal" and param in LOGPROB_COUNT_FIELDS:  # vLLM's --max-logprobs raises it there
+        return RequestError(f"{param}: more than the server's limit of {MAX_LOGPROBS} most likely tokens; ask for "
+                            f"{MAX_LOGPROBS} or fewer (vLLM's --max-logprobs does not raise it here)", param=param)
     if first["type"] == "int_type" and isinstance(first["input"], bool) and param in LOGPROB_COUNT_FIELDS:
         # vLLM's server reads true as 1, false as 0; chat's `logprobs` is the boolean, this field a count
         return RequestError(f"{param}: {str(first['input']).lower()} is not a number; give the number of most likely "

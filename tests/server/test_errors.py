@@ -387,6 +387,22 @@ def test_a_boolean_logprob_count_is_refused_saying_it_takes_a_number(server, pat
                                 "tokens wanted, 0 to 20 (chat completions' logprobs is the boolean)")
 
 
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/completions", {"model": "tiny", "prompt": "hi", "max_tokens": 1, "logprobs": 21}, "logprobs"),
+    ("/completions", {"model": "tiny", "prompt": "hi", "max_tokens": 1, "prompt_logprobs": 10**30}, "prompt_logprobs"),
+    ("/chat/completions", chat(logprobs=True, top_logprobs=21), "top_logprobs"),
+    ("/responses", {"model": "tiny", "input": "hi", "top_logprobs": 21}, "top_logprobs"),
+])
+def test_a_logprob_count_over_the_limit_is_refused_naming_the_limit_and_that_no_flag_raises_it(server, path, body,
+                                                                                                 param):
+    """The 400 was pydantic's "Input should be less than or equal to 20": vLLM's server raises its limit with
+    --max-logprobs, which Glimmer takes only at 20, so the message says so."""
+    error = error_of(post(server, body, path=path), 400)
+    assert error["param"] == param
+    assert error["message"] == (f"{param}: more than the server's limit of 20 most likely tokens; ask for 20 or fewer "
+                                "(vLLM's --max-logprobs does not raise it here)")
+
+
 @pytest.mark.parametrize("n", [0, -1, 5, 10**9, 2**70])
 @pytest.mark.parametrize("path", ["/chat/completions", "/completions"])
 def test_every_n_out_of_range_gets_one_message_naming_the_range(server, n, path):
