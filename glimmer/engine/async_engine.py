@@ -135,6 +135,8 @@ class EngineMetrics:
     """Counters the engine thread updates; read by /metrics (plain ints: reads need no lock)."""
 
     prompt_tokens: int = 0
+    prompt_tokens_per_completion: int = 0  # each completion's prompt (n per request): vLLM runs n requests, each
+    # counting its prompt, in vllm:prompt_tokens_total
     generation_tokens: int = 0
     steps: int = 0
     step_seconds: float = 0.0
@@ -314,9 +316,9 @@ class AsyncEngine:
         self._finished_callbacks.append(callback)
 
     def record_finished(self, prompt_tokens: int, completions: list[FinishedCompletion]) -> None:
-        """Count a request the caller ran as uncounted parts (`generate(counted=False)`): its `prompt_tokens` and each
-        completion's generated tokens go into the token counters, and each completion to the `on_finished` callbacks
-        (thread-safe, returns at once; the engine thread records it)."""
+        """Count a request the caller ran as uncounted parts (`generate(counted=False)`): its `prompt_tokens`, each
+        completion's prompt and generated tokens go into the token counters, and each completion to the `on_finished`
+        callbacks (thread-safe, returns at once; the engine thread records it)."""
         self._commands.put(("record", "", (prompt_tokens, completions), None, None))
 
     def on_token_gap(self, callback: Callable[[float], None]) -> None:
@@ -479,12 +481,14 @@ class AsyncEngine:
                 return
             if listener.counted:
                 self.metrics.prompt_tokens += len(prompt_token_ids)
+                self.metrics.prompt_tokens_per_completion += len(prompt_token_ids) * params.n
             self._listeners[request_id] = listener
             accepted.set_result(None)
         elif kind == "record":
             prompt_tokens, completions = args
             self.metrics.prompt_tokens += prompt_tokens
             for completion in completions:
+                self.metrics.prompt_tokens_per_completion += completion.num_prompt_tokens
                 self.metrics.generation_tokens += completion.num_generation_tokens
                 _notify(self._finished_callbacks, completion, "a finished completion")
         elif kind == "stop_all":

@@ -116,8 +116,8 @@ class _EngineCollector(Collector):
                  "model's layer groups share one, the drafter has its own)", kv_usage),
                 ("vllm:gpu_cache_usage_perc", GaugeMetricFamily, "vllm:kv_cache_usage_perc under vLLM's older name",
                  kv_usage),
-                ("vllm:prompt_tokens", CounterMetricFamily, "Prompt tokens of admitted requests",
-                 counters.prompt_tokens),
+                ("vllm:prompt_tokens", CounterMetricFamily, "Prompt tokens of admitted requests, once per "
+                 "completion (n per request, as vLLM runs n requests)", counters.prompt_tokens_per_completion),
                 ("vllm:generation_tokens", CounterMetricFamily, "Generated tokens", counters.generation_tokens),
                 ("vllm:num_preemptions", CounterMetricFamily, "Sequences preempted for lack of KV blocks",
                  stats["preemptions"]),

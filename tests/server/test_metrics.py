@@ -105,6 +105,9 @@ def test_a_beam_search_counts_as_its_choices_not_as_each_steps_one_token_request
         assert _grew(before, after, f'vllm:request_success_total{{finished_reason="{reason}",{model}}}') == \
             reasons.get(reason, 0), reason
     assert _grew(before, after, "glimmer_prompt_tokens_total") == usage["prompt_tokens"]
+    # under vLLM's name, once per choice, as the completions' vllm:request_prompt_tokens are
+    assert _grew(before, after, f"vllm:prompt_tokens_total{{{model}}}") == 2 * usage["prompt_tokens"] == \
+        _grew(before, after, f"vllm:request_prompt_tokens_sum{{{model}}}")
     assert _grew(before, after, "glimmer_generation_tokens_total") == usage["completion_tokens"]
     assert _grew(before, after, f"vllm:request_generation_tokens_sum{{{model}}}") == usage["completion_tokens"]
     # each search's prompt is looked up in the prefix cache once, not again with each step's beams
@@ -151,6 +154,12 @@ def test_vllms_time_to_first_token_and_e2e_latency_count_each_completion_as_its_
             # the client leaves once its first token came: its completion ends aborted
             next(line for line in stream.iter_lines() if line.startswith("data: {"))
         after = server.wait_for_idle()
+        x_y, a_b_c = (httpx.post(server.url + "/tokenize", json={"model": "tiny", "prompt": prompt}).json()["count"]
+                      for prompt in ("x y", "a b c"))
+    # vLLM runs a request of n 3 as 3 requests, each counting its prompt: vllm:prompt_tokens_total counted it once
+    assert _grew(before, after, f"vllm:prompt_tokens_total{{{model}}}") == 6 * x_y + a_b_c == \
+        _grew(before, after, f"vllm:request_prompt_tokens_sum{{{model}}}")
+    assert _grew(before, after, "glimmer_prompt_tokens_total") == 4 * x_y + a_b_c  # the requests' usage.prompt_tokens
     finished = sum(_grew(before, after, f'vllm:request_success_total{{finished_reason="{reason}",{model}}}')
                    for reason in ("stop", "length", "abort", "error"))
     assert finished == 7
