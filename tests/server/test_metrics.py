@@ -110,6 +110,9 @@ def test_a_beam_search_counts_as_its_choices_not_as_each_steps_one_token_request
         _grew(before, after, f"vllm:request_prompt_tokens_sum{{{model}}}")
     assert _grew(before, after, "glimmer_generation_tokens_total") == usage["completion_tokens"]
     assert _grew(before, after, f"vllm:request_generation_tokens_sum{{{model}}}") == usage["completion_tokens"]
+    # no gap between tokens, as vLLM's steps of one-token requests have none (the README says so)
+    for name in (f"vllm:inter_token_latency_seconds_count{{{model}}}", "glimmer_inter_token_latency_seconds_count"):
+        assert name in after and _grew(before, after, name) == 0, name
     # each search's prompt is looked up in the prefix cache once, not again with each step's beams
     assert _grew(before, after, "glimmer_prefix_cache_queries_total") == usage["prompt_tokens"]
     assert _grew(before, after, f"vllm:prefix_cache_queries_total{{{model}}}") == usage["prompt_tokens"]
