@@ -403,6 +403,18 @@ def test_a_logprob_count_over_the_limit_is_refused_naming_the_limit_and_that_no_
                                 "(vLLM's --max-logprobs does not raise it here)")
 
 
+def test_the_completions_limits_the_readme_states_are_400s_naming_the_field(server):
+    """The README's `/v1/completions` limits: at most 64 prompts, no `suffix` (an empty one too, as vLLM refuses
+    it), `best_of` only unset or equal to n."""
+    completion = {"model": "tiny", "max_tokens": 1}
+    assert post(server, {**completion, "prompt": ["x"] * 64}, path="/completions").status_code == 200
+    for fields, param, words in (({"prompt": ["x"] * 65}, "prompt", "at most 64 prompts"),
+                                 ({"prompt": "x", "suffix": ""}, "suffix", "not supported"),
+                                 ({"prompt": "x", "best_of": 2}, "best_of", "equal to n (1)")):
+        error = error_of(post(server, {**completion, **fields}, path="/completions"), 400)
+        assert error["param"] == param and words in error["message"], error
+
+
 @pytest.mark.parametrize("n", [0, -1, 5, 10**9, 2**70])
 @pytest.mark.parametrize("path", ["/chat/completions", "/completions"])
 def test_every_n_out_of_range_gets_one_message_naming_the_range(server, n, path):
