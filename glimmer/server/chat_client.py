@@ -155,6 +155,34 @@ def _error_event_message(error: Any) -> str:
     return "the server reported an error"
 
 
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _origin(url: str) -> tuple[str, str | None, int | None]:
+    """(scheme, host, port) of `url`, the port its scheme's default where it names none."""
+    parts = urllib.parse.urlsplit(url)
+    return parts.scheme.lower(), parts.hostname, parts.port or _DEFAULT_PORTS.get(parts.scheme.lower())
+
+
+class _KeyKeepingRedirects(urllib.request.HTTPRedirectHandler):
+    """urllib's redirects, which send a request's headers on to wherever a redirect points, but the Authorization
+    header only to the origin (scheme, host and port) it was given for, or to its https form (an upgrade), as
+    requests and httpx (the openai SDK's) follow them: the server's key is no one else's to read."""
+
+    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any,
+                         newurl: str) -> urllib.request.Request | None:
+        redirected = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if redirected is not None:
+            old, new = _origin(req.full_url), _origin(redirected.full_url)
+            upgrade = old[0] == "http" and new == ("https", old[1], 443) and old[2] == 80
+            if new != old and not upgrade:
+                redirected.remove_header("Authorization")
+        return redirected
+
+
+_OPENER = urllib.request.build_opener(_KeyKeepingRedirects)
+
+
 def authorization_headers(api_key: str | None) -> dict[str, str | bytes]:
     """The Authorization header for `api_key`, stripped as the server strips its own (a key read from a file or an
     env file may end in a newline, which no header can carry); none for no key, an empty one or a blank one (as
@@ -182,7 +210,7 @@ def stream_chat_completion(url: str, payload: dict[str, Any], api_key: str | Non
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream", **authorization_headers(api_key)}
     request = urllib.request.Request(endpoint_url(url, "/v1/chat/completions"), body, headers, method="POST")
     try:
-        response = urllib.request.urlopen(request, timeout=timeout_s)
+        response = _OPENER.open(request, timeout=timeout_s)
     except urllib.error.HTTPError as error:
         raise _refusal(error) from None
     except urllib.error.URLError as error:
@@ -262,7 +290,7 @@ def check_server(url: str, api_key: str | None = None, model: str | None = None,
     models_url = endpoint_url(url, "/v1/models")
     request = urllib.request.Request(models_url, headers=headers)
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        with _OPENER.open(request, timeout=timeout_s) as response:
             body = response.read()
     except urllib.error.HTTPError as error:
         message = _refusal(error).message

@@ -491,6 +491,51 @@ def test_a_blank_key_is_no_key_as_an_empty_one_is(make_tiny):
     assert "needs an API key" in str(refused.value)
 
 
+@contextlib.contextmanager
+def redirecting_server(to: str) -> Iterator[tuple[str, list[str | None]]]:
+    """A server answering every request with a 302 to `to` and its path, then, for the requests that followed it
+    back to this server, a model list; yields its address and the Authorization header of each request it took."""
+    authorizations: list[str | None] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            authorizations.append(self.headers["Authorization"])
+            if self.path.startswith("/back"):
+                body = b'{"object": "list", "data": []}'
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+            else:
+                body = b""
+                self.send_response(302)
+                self.send_header("Location", (to or address) + "/back" + self.path)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    address = f"http://127.0.0.1:{server.server_address[1]}"
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield address, authorizations
+    finally:
+        server.shutdown()
+
+
+def test_the_key_follows_a_redirect_within_the_server_and_not_one_elsewhere():
+    """urllib sends a request's headers on to wherever a redirect points: whatever a redirect from the server's
+    address pointed to (another host, another port) was sent `Authorization: Bearer KEY`, the server's key. As
+    requests and httpx (the openai SDK's) do, the key goes only to the scheme, host and port it was given for."""
+    with redirecting_server("") as (address, same_host):
+        check_server(address, "secret-key")
+    assert same_host == ["Bearer secret-key", "Bearer secret-key"]
+    with redirecting_server("") as (elsewhere, other_host), redirecting_server(elsewhere) as (address, first_host):
+        check_server(address, "secret-key")
+    assert first_host == ["Bearer secret-key"] and other_host == [None]
+
+
 @pytest.mark.parametrize("url", ["notaurl", "localhost:8000", "file:///etc/passwd", "http://", "http://h:99999"])
 def test_a_url_that_is_not_an_http_server_address_is_refused_before_any_request(url):
     with pytest.raises(ChatClientError, match="http://127.0.0.1:8000"):
