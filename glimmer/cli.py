@@ -1486,6 +1486,9 @@ def _check_served_model_names(args: argparse.Namespace) -> None:
 
 def _check_media_options(args: argparse.Namespace) -> None:
     for directory in args.allowed_local_media_path:
+        # Path("") is the working directory, every image under it then readable by any request
+        _refuse_empty_argument(directory, "--allowed-local-media-path", "give an existing directory whose images and "
+                                                                        "videos requests may name")
         if not Path(directory).expanduser().is_dir():
             raise UsageError(f"--allowed-local-media-path {directory}: no such directory; give an existing "
                              "directory whose images and videos requests may name")

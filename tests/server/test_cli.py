@@ -2151,6 +2151,15 @@ def test_a_media_directory_that_does_not_exist_is_one_line_before_the_model_load
         assert "missing" not in err
 
 
+def test_an_empty_media_directory_is_refused_not_read_as_the_working_directory(capsys, tmp_path):
+    """`--allowed-local-media-path "$MEDIA_DIR"` with MEDIA_DIR unset gave "", which Path reads as the current
+    directory: every image under the server's working directory (all of them, for a service started in /) could be
+    read by any request."""
+    err = _fails_with_one_line(capsys, ["serve", str(tmp_path / "missing"), "--port", str(free_port()),
+                                        "--allowed-local-media-path", ""], "--allowed-local-media-path is empty")
+    assert "missing" not in err
+
+
 @pytest.mark.parametrize("command", [["serve"], ["run-batch", "-i", "in.jsonl", "-o", "out.jsonl"]])
 @pytest.mark.parametrize("name", ["http://x", "x:80", "images.internal/path"])
 def test_a_media_domain_that_is_no_host_name_is_refused_as_the_other_flags_are(capsys, command, name):
