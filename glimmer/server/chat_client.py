@@ -293,7 +293,8 @@ def check_server(url: str, api_key: str | None = None, model: str | None = None,
         with _OPENER.open(request, timeout=timeout_s) as response:
             body = response.read()
     except urllib.error.HTTPError as error:
-        message = _refusal(error).message
+        # the server's text, printed before the chat begins: its controls shown as symbols, as the chat shows them
+        message = terminal_text(_refusal(error).message)
         if error.code == 404:  # most often an endpoint's URL given for the server's (…/v1/chat/completions)
             raise ChatClientError(f"{url} has no OpenAI-compatible API: {models_url} answered HTTP 404 ({message}); "
                                   "give the server's address, e.g. http://127.0.0.1:8000 (a trailing /v1 is fine), "

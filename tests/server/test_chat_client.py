@@ -148,6 +148,17 @@ def test_https_to_a_plain_http_server_names_the_http_address():
                                      f"give {address}/v1")
 
 
+def test_a_servers_refusal_of_the_check_shows_its_control_characters_as_symbols():
+    """The check before the first message printed the server's error message as it came, where a refusal during the
+    chat shows its control characters as symbols: a server (or whatever answered at its address) could clear the
+    terminal, retitle its window or hide text with escape sequences in it."""
+    body = json.dumps({"error": {"message": "no \x1b[2J\x1b]0;title\x07 model"}}).encode()
+    with canned_server([(500, body)]) as (address, _), pytest.raises(ChatClientError) as refused:
+        check_server(address)
+    assert "\x1b" not in str(refused.value) and "\x07" not in str(refused.value)
+    assert "no \u241b[2J\u241b]0;title\u2407 model" in str(refused.value)
+
+
 def test_a_broken_stream_is_a_chat_error_and_the_turn_is_dropped():
     """A stream that is cut, sends an event that is not JSON, or ends without [DONE]: one error line, the chat
     goes on without the turn (no traceback, no half reply in the history)."""
