@@ -432,7 +432,10 @@ async def _stream(run: ChatRun, first: StepDelta, stream: AsyncIterator[StepDelt
                         yield chunk
                 if choice.done:
                     run.check_tool_choice(choice)
-                    yield run.chunk(choice.index, {}, finish_reason=choice.finish_reason,
+                    # a choice with no answer token streamed none: its last chunk carries the empty list the
+                    # non-streamed choice answers, so a client adding the chunks up reads `logprobs.content` alike
+                    unanswered = run.logprobs([]) if not choice.content_logprobs else None
+                    yield run.chunk(choice.index, {}, logprobs=unanswered, finish_reason=choice.finish_reason,
                                     extra_choice={"stop_reason": choice.stop_reason})
             if run.include_usage:
                 yield sse_event({"id": run.id, "object": "chat.completion.chunk", "created": run.created,

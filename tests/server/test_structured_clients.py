@@ -89,3 +89,25 @@ def test_openai_agents_output_type_and_required_tool_choice(server):
     answer, called = asyncio.run(run())
     assert isinstance(answer, Weather)
     assert called in ("looked up c", "looked up f")
+
+
+def test_the_sdk_streams_a_tool_call_reply_to_the_logprobs_it_answers_unstreamed(server):
+    """A reply of calls alone has no answer tokens: `logprobs.content` is empty, streamed as not, so the SDK's
+    accumulated completion reads `logprobs.content` as the non-streamed one does (README: the entries streamed add
+    up to the non-streamed list)."""
+
+    class Forecast(BaseModel):
+        sky: Literal["clear", "grey"]
+
+    client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+    request = {"model": "tiny", "messages": [{"role": "user", "content": "Forecast?"}], "max_tokens": 80,
+               "temperature": 0, "logprobs": True, "tools": [openai.pydantic_function_tool(Forecast)],
+               "tool_choice": "required", "parallel_tool_calls": False, "extra_body": EXTRA}
+    answered = client.chat.completions.parse(**request).choices[0]
+    with client.chat.completions.stream(**request) as stream:
+        streamed = stream.get_final_completion().choices[0]
+    assert answered.finish_reason == streamed.finish_reason == "tool_calls"
+    calls = [choice.message.tool_calls[0].function.parsed_arguments for choice in (answered, streamed)]
+    assert calls[0] == calls[1]
+    assert answered.logprobs is not None and answered.logprobs.content == []
+    assert streamed.logprobs is not None and streamed.logprobs.content == []
