@@ -173,6 +173,8 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
             message = _unknown_route(request)
         elif exc.status_code == 405 and (allowed := ", ".join(_allowed_methods(app, request.scope))):
             message = f"Method not allowed ({_request_line(request)}); this route takes {allowed}"
+            if get_route_path(_app_scope(request.scope)) == "/v1/chat/completions":  # the SDK's chat.completions.list
+                message += f"; {_NO_STORED_CHAT_COMPLETIONS}"
             headers = {**(headers or {}), "Allow": allowed}
         return JSONResponse(error_body(message, "invalid_request_error", None, code),
                             status_code=exc.status_code, headers=headers)
@@ -229,7 +231,16 @@ def _unknown_route(request: Request) -> str:
                    f"(http://HOST:PORT{root}{at_root})"
     elif trailing_slash and _serves(request.app, scope, path.rstrip("/")):
         message += f"; this server serves {root}{path.rstrip('/')}: drop the trailing slash"
+    elif path.startswith("/v1/chat/completions/"):  # the SDK's chat.completions.retrieve, update, delete, messages
+        message += f"; {_NO_STORED_CHAT_COMPLETIONS}"
     return message
+
+
+# OpenAI keeps a chat completion made with `store: true` for its stored-completion routes; Glimmer takes the field
+# and keeps none, so those routes are not misconfigured clients but a feature it does not have
+_NO_STORED_CHAT_COMPLETIONS = ("Glimmer keeps no chat completions (`store` is accepted and changes nothing): send "
+                               "the messages again to continue a conversation, or use /v1/responses, which stores "
+                               "responses")
 
 
 def _app_scope(scope: Scope) -> Scope:

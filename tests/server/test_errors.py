@@ -579,6 +579,23 @@ def test_a_client_whose_base_url_lacks_v1_is_told_where_a_route_with_a_parameter
                                 "client a base URL ending in one /v1 (http://HOST:PORT/v1)")
 
 
+def test_the_sdks_stored_chat_completion_calls_are_told_glimmer_keeps_none(client):
+    """`chat.completions.retrieve`, `update`, `delete`, `messages.list` and `list` (OpenAI's stored chat completions,
+    made with `store: true`, which Glimmer takes and ignores) answered "Invalid URL (GET /v1/chat/completions/ID)" and
+    "Method not allowed (GET /v1/chat/completions); this route takes POST", as if the client were misconfigured."""
+    kept_none = ("Glimmer keeps no chat completions (`store` is accepted and changes nothing): send the messages again "
+                 "to continue a conversation, or use /v1/responses, which stores responses")
+    calls = [lambda: client.chat.completions.retrieve("chatcmpl-x"),
+             lambda: client.chat.completions.delete("chatcmpl-x"),
+             lambda: client.chat.completions.update("chatcmpl-x", metadata={"a": "b"}),
+             lambda: client.chat.completions.messages.list("chatcmpl-x"), lambda: client.chat.completions.list()]
+    for call in calls:
+        with pytest.raises(openai.APIStatusError) as raised:
+            call()
+        assert raised.value.status_code in (404, 405)
+        assert raised.value.body["message"].endswith("; " + kept_none), raised.value.body["message"]
+
+
 def test_a_client_whose_base_url_has_v1_twice_is_told_to_give_it_once(server):
     """A base URL ending in /v1 given to a client that adds /v1 itself (`/v1/v1/chat/completions`) was told the route
     is served "at the root, beside /v1, as vLLM does", which is said of /tokenize and /health, not of a /v1 route."""
