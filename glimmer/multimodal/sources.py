@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import base64
 import binascii
+import errno
 import logging
+import os
 import re
+import stat
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 from urllib.parse import unquote, unquote_to_bytes, urlparse
 
 from glimmer.cancellation import CancelToken
@@ -175,18 +178,67 @@ def _read_local(path_text: str, kind: str, index: int, policy: MediaFetchPolicy)
     refused = _error(kind, index, f"{shown} is not a readable file under the allowed media directories")
     try:
         resolved = Path(path_text).expanduser().resolve(strict=True)
-        allowed = any(resolved.is_relative_to(root) for root in policy.allowed_local_paths) and resolved.is_file()
-        size = resolved.stat().st_size if allowed else 0
+        allowed = _is_under(resolved, policy.allowed_local_paths) and resolved.is_file()
     except (OSError, RuntimeError, ValueError):  # missing, unreadable, a NUL byte, a symlink loop
         allowed = False
     if not allowed:
         raise refused
-    if size > policy.max_bytes:
-        raise _error(kind, index, f"file is {size:,} bytes, more than the limit of {policy.max_bytes:,}")
     try:
-        return resolved.read_bytes()
+        with _open_as_checked(resolved, policy.allowed_local_paths) as (file, size):
+            if size > policy.max_bytes:
+                raise _error(kind, index, f"file is {size:,} bytes, more than the limit of {policy.max_bytes:,}")
+            # a byte past its size to see it grow while read (or hold more than it reports, as /proc's files do);
+            # no more than the limit and a byte in all, and no buffer of the limit's size for a small file
+            data = file.read(size + 1)
+            if len(data) > size:
+                data += file.read(policy.max_bytes + 1 - len(data))
     except OSError:
         raise refused from None
+    if len(data) > policy.max_bytes:
+        raise _error(kind, index, f"file holds more than the limit of {policy.max_bytes:,} bytes")
+    return data
+
+
+# Someone writing into an allowed directory can swap a checked file before it is opened: O_NONBLOCK opens a FIFO put
+# there at once (to be refused as no regular file) where a read would wait for a writer for ever, O_NOFOLLOW does not
+# follow a symlink put there (ELOOP). Windows has neither.
+_LOCAL_OPEN_FLAGS = (os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
+                     | getattr(os, "O_BINARY", 0))
+
+
+def _is_under(path: Path, roots: Sequence[Path]) -> bool:
+    return any(path.is_relative_to(root) for root in roots)
+
+
+@contextmanager
+def _open_as_checked(checked: Path, roots: Sequence[Path]) -> Iterator[tuple[BinaryIO, int]]:
+    """(the file, its size in bytes) of `checked`, a path resolved under `roots`, once what was opened is checked
+    through its descriptor: a regular file whose real path lies under `roots` (a directory above it swapped for a
+    symlink out of them is seen here). Raises OSError for anything else, or if it cannot be opened."""
+    fd = os.open(checked, _LOCAL_OPEN_FLAGS)
+    with os.fdopen(fd, "rb") as file:
+        opened = os.fstat(fd)
+        if not stat.S_ISREG(opened.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(checked))
+        if not _is_under(_real_path(fd, opened, checked), roots):
+            raise OSError(errno.EACCES, "opened outside the allowed directories", str(checked))
+        yield file, opened.st_size
+
+
+def _real_path(fd: int, opened: os.stat_result, checked: Path) -> Path:
+    """The real path of the file open as `fd`, as Linux's /proc names it; elsewhere `checked` resolved again, if it
+    still names that file (its st_dev and st_ino). Raises OSError if it does not."""
+    try:
+        return Path(os.readlink(f"/proc/self/fd/{fd}"))
+    except OSError:  # no /proc (macOS, BSD)
+        pass
+    try:
+        again = checked.resolve(strict=True)
+    except RuntimeError:  # a symlink loop
+        raise OSError(errno.ELOOP, "a symlink loop", str(checked)) from None
+    if not os.path.samestat(os.stat(again), opened):
+        raise OSError(errno.ESTALE, "no longer the file opened", str(checked))
+    return again
 
 
 def _fetch_remote(url: str, kind: str, index: int, policy: MediaFetchPolicy, cancel: CancelToken | None) -> bytes:

@@ -6,10 +6,13 @@ import base64
 import gzip
 import io
 import logging
+import os
 import re
 import socket
+import threading
 import tracemalloc
 import zlib
+from pathlib import Path
 from urllib.parse import quote
 
 import pytest
@@ -231,6 +234,152 @@ def test_a_missing_file_reads_the_same_as_a_forbidden_one(tmp_path):
             load_media_reference(str(path), "image", 0, policy)
         messages.add(str(raised.value).replace(repr(str(path)), "PATH"))
     assert messages == {"image 0: PATH is not a readable file under the allowed media directories"}
+
+
+def _swapped_when_opened(monkeypatch, path, swap) -> None:
+    """`swap()` replaces `path` just before it is opened, by os.open or io.open (what Path.read_bytes and os.fdopen
+    call): after every check made by its name, as someone writing into the allowed directory can race the server."""
+    pending = [path]
+
+    def swapping(real_open):
+        def opening(file, *args, **kwargs):
+            if pending and isinstance(file, str | os.PathLike) and os.fspath(file) == str(pending[0]):
+                pending.clear()
+                swap()
+            return real_open(file, *args, **kwargs)
+        return opening
+
+    monkeypatch.setattr(os, "open", swapping(os.open))
+    monkeypatch.setattr(io, "open", swapping(io.open))
+
+
+def _loaded_within(timeout_s: float, reference: str, policy: MediaFetchPolicy, fifo: Path) -> bytes | Exception:
+    """load_media_reference's bytes or error; a load still waiting after `timeout_s` (a FIFO opened to read waits
+    for a writer) fails the test, its thread let go by opening `fifo` to write."""
+    outcome: list = []
+
+    def load() -> None:
+        try:
+            outcome.append(load_media_reference(reference, "image", 0, policy))
+        except Exception as error:  # noqa: BLE001 - handed to the test
+            outcome.append(error)
+
+    thread = threading.Thread(target=load, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        thread.join(timeout_s)
+        pytest.fail(f"reading {reference} waited more than {timeout_s} s")
+    return outcome[0]
+
+
+def _swap_for_symlink_out(image, secret):
+    image.unlink()
+    image.symlink_to(secret)
+
+
+def _swap_for_fifo(image, secret):
+    image.unlink()
+    os.mkfifo(image)
+
+
+def _swap_directory_for_symlink_out(image, secret):
+    image.parent.rename(image.parent.with_name("moved"))
+    image.parent.symlink_to(secret.parent, target_is_directory=True)
+
+
+def _swap_directory_back(image):
+    image.parent.unlink()
+    image.parent.with_name("moved").rename(image.parent)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+@pytest.mark.parametrize(("swap", "proc"), [
+    pytest.param(_swap_for_symlink_out, "proc", id="symlink-out"),
+    pytest.param(_swap_for_fifo, "proc", id="fifo"),
+    pytest.param(_swap_directory_for_symlink_out, "proc", id="directory-symlink-out"),
+    pytest.param(_swap_directory_for_symlink_out, "none", id="directory-symlink-out-without-proc"),
+    pytest.param(_swap_directory_for_symlink_out, "none, swapped back", id="and-back-without-proc"),
+])
+def test_a_local_file_swapped_after_its_check_is_refused_as_opened(tmp_path, monkeypatch, swap, proc):
+    """A file checked by its path and then read by it: swapped in between for a symlink out of the allowed
+    directory (or a directory above it for one), the secret it names was sent to the model; swapped for a FIFO, the
+    read waited for a writer for ever, holding a worker thread. What was opened is checked (a regular file, its real
+    path under the allowed directory); without /proc, by resolving the path again and comparing st_dev and st_ino,
+    so that a directory swapped back once the file is open is seen too."""
+    (tmp_path / "outside").mkdir()
+    secret = tmp_path / "outside" / "cat.png"
+    secret.write_bytes(b"secret")
+    image = tmp_path / "allowed" / "album" / "cat.png"
+    image.parent.mkdir(parents=True)
+    image.write_bytes(_png())
+    policy = MediaFetchPolicy.create([tmp_path / "allowed"])
+    if proc != "proc":
+        real_readlink = os.readlink
+
+        def readlink_without_proc(path, *args, **kwargs):
+            if os.fspath(path).startswith("/proc/"):
+                if proc == "none, swapped back":
+                    _swap_directory_back(image)
+                raise FileNotFoundError(path)
+            return real_readlink(path, *args, **kwargs)
+
+        monkeypatch.setattr(os, "readlink", readlink_without_proc)
+    _swapped_when_opened(monkeypatch, image, lambda: swap(image, secret))
+    outcome = _loaded_within(5.0, str(image), policy, fifo=image)
+    assert isinstance(outcome, RequestError), outcome
+    assert str(outcome) == f"image 0: {str(image)!r} is not a readable file under the allowed media directories"
+
+
+def test_a_local_file_swapped_after_its_check_for_one_over_the_limit_is_refused(tmp_path, monkeypatch):
+    """Its size was checked by its path, then the file of that path read whole, however large."""
+    image = tmp_path / "cat.png"
+    image.write_bytes(_png())
+    policy = MediaFetchPolicy.create([tmp_path], max_bytes=len(_png()))
+    _swapped_when_opened(monkeypatch, image, lambda: image.write_bytes(_png() * 2))
+    limit = f"file is {2 * len(_png()):,} bytes, more than the limit of {len(_png()):,}"
+    with pytest.raises(RequestError, match=limit):
+        load_media_reference(str(image), "image", 0, policy)
+
+
+def test_a_local_file_that_grows_past_the_limit_while_read_is_refused(tmp_path, monkeypatch):
+    """A file that grows after its size is read (or that reports none, as /proc's do) is read no further than the
+    limit and refused."""
+    image = tmp_path / "cat.png"
+    image.write_bytes(_png())
+    policy = MediaFetchPolicy.create([tmp_path], max_bytes=len(_png()))
+    real_fstat = os.fstat
+
+    def fstat_then_grow(fd):
+        found = real_fstat(fd)
+        os.truncate(image, 64 << 20)  # sparse: no disk written
+        return found
+
+    monkeypatch.setattr(os, "fstat", fstat_then_grow)
+    tracemalloc.start()
+    try:
+        with pytest.raises(RequestError, match=f"file holds more than the limit of {len(_png()):,} bytes"):
+            load_media_reference(str(image), "image", 0, policy)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20  # the file read whole is 64 MiB
+
+
+def test_a_small_local_file_is_read_without_a_buffer_of_the_limits_size(tmp_path):
+    """Read no further than the limit, a file is still read into a buffer as large as it is, not the limit's 64 MiB
+    (for each of 40 fetch threads)."""
+    image = tmp_path / "cat.png"
+    image.write_bytes(_png())
+    policy = MediaFetchPolicy.create([tmp_path], max_bytes=64 << 20)
+    tracemalloc.start()
+    try:
+        assert load_media_reference(str(image), "image", 0, policy) == _png()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
 
 
 def test_a_refused_path_is_shown_cut_not_whole(tmp_path):
