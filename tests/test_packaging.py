@@ -1,13 +1,32 @@
 """pyproject.toml: what `pip install glimmer` asks for and what the built wheel and sdist hold."""
 
+import email
+import os
 import tomllib
+import warnings
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def built_metadata(tmp_path_factory) -> tuple[list[warnings.WarningMessage], email.message.Message]:
+    """The warnings the build backend gives while it writes the wheel's metadata, and that metadata (METADATA) as
+    `pip install` reads it. In-process, as pip's build runs the backend: no build isolation, no network."""
+    from setuptools import build_meta
+
+    out = tmp_path_factory.mktemp("metadata")
+    with pytest.MonkeyPatch.context() as patch, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        patch.chdir(ROOT)
+        dist_info = build_meta.prepare_metadata_for_build_wheel(os.fspath(out))
+    metadata = email.message_from_string((out / dist_info / "METADATA").read_text(encoding="utf-8"))
+    return caught, metadata
 
 
 def _dependency_floor(name: str) -> Version:
@@ -29,3 +48,16 @@ def test_pydantic_floor_is_the_first_release_that_applies_fail_fast_to_the_reque
     constraint 'fail_fast' to schema of type 'dict'"), and with 2.14.0 and 2.14.1 a logit_bias past its cap was named
     `logit_bias.4097` in the 400. 2.14.2 is the first release the schemas' tests pass with."""
     assert _dependency_floor("pydantic") >= Version("2.14.2")
+
+
+def test_building_the_package_warns_of_nothing_the_build_backend_will_refuse(built_metadata):
+    """`project.license` was a TOML table, `{ text = "Apache-2.0" }`: every build (pip install, pip wheel, python -m
+    build) printed setuptools' boxed deprecation, which says builds with it stop working after 2027-02-18. It is the
+    SPDX expression setuptools 77 and later take, written to the metadata as License-Expression."""
+    caught, metadata = built_metadata
+    from setuptools import SetuptoolsDeprecationWarning
+
+    assert [str(w.message) for w in caught if issubclass(w.category, SetuptoolsDeprecationWarning)] == []
+    assert metadata["License-Expression"] == "Apache-2.0"
+    backend_floor = Requirement(next(r for r in PYPROJECT["build-system"]["requires"] if r.startswith("setuptools")))
+    assert backend_floor.specifier.contains("77.0.0") and not backend_floor.specifier.contains("76.1.0")
