@@ -15,9 +15,10 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 
 
 @pytest.fixture(scope="module")
-def built_metadata(tmp_path_factory) -> tuple[list[warnings.WarningMessage], email.message.Message]:
-    """The warnings the build backend gives while it writes the wheel's metadata, and that metadata (METADATA) as
-    `pip install` reads it. In-process, as pip's build runs the backend: no build isolation, no network."""
+def built_metadata(tmp_path_factory) -> tuple[list[warnings.WarningMessage], email.message.Message, set[str]]:
+    """The warnings the build backend gives while it writes the wheel's metadata, that metadata (METADATA) as `pip
+    install` reads it, and the files the sdist holds (SOURCES.txt, paths from the repository root). In-process, as
+    pip's build runs the backend: no build isolation, no network."""
     from setuptools import build_meta
 
     out = tmp_path_factory.mktemp("metadata")
@@ -26,7 +27,8 @@ def built_metadata(tmp_path_factory) -> tuple[list[warnings.WarningMessage], ema
         patch.chdir(ROOT)
         dist_info = build_meta.prepare_metadata_for_build_wheel(os.fspath(out))
     metadata = email.message_from_string((out / dist_info / "METADATA").read_text(encoding="utf-8"))
-    return caught, metadata
+    sources = set((out / "glimmer.egg-info" / "SOURCES.txt").read_text(encoding="utf-8").splitlines())
+    return caught, metadata, sources
 
 
 def _dependency_floor(name: str) -> Version:
@@ -54,10 +56,22 @@ def test_building_the_package_warns_of_nothing_the_build_backend_will_refuse(bui
     """`project.license` was a TOML table, `{ text = "Apache-2.0" }`: every build (pip install, pip wheel, python -m
     build) printed setuptools' boxed deprecation, which says builds with it stop working after 2027-02-18. It is the
     SPDX expression setuptools 77 and later take, written to the metadata as License-Expression."""
-    caught, metadata = built_metadata
+    caught, metadata, _ = built_metadata
     from setuptools import SetuptoolsDeprecationWarning
 
     assert [str(w.message) for w in caught if issubclass(w.category, SetuptoolsDeprecationWarning)] == []
     assert metadata["License-Expression"] == "Apache-2.0"
     backend_floor = Requirement(next(r for r in PYPROJECT["build-system"]["requires"] if r.startswith("setuptools")))
     assert backend_floor.specifier.contains("77.0.0") and not backend_floor.specifier.contains("76.1.0")
+
+
+def test_the_sdist_holds_the_test_suite_and_every_file_it_reads(built_metadata):
+    """The sdist held setuptools' default of the sources: of tests/ only the seven tests/test_*.py files at its top,
+    without conftest.py, their helpers or any test below, and none of the docs/, bench/, .ci/run or CHANGELOG.md
+    those seven read, so `python -m pytest tests` in an unpacked sdist failed (test_docs.py: FileNotFoundError on
+    docs/architecture.md). MANIFEST.in puts the suite and its files in it."""
+    _, _, sources = built_metadata
+    suite = [path for folder in ("tests", "docs", "bench") for path in (ROOT / folder).rglob("*")
+             if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"]
+    wanted = {path.relative_to(ROOT).as_posix() for path in suite} | {".ci/run", "CHANGELOG.md", "README.md"}
+    assert sorted(wanted - sources) == []
