@@ -75,3 +75,13 @@ def test_the_sdist_holds_the_test_suite_and_every_file_it_reads(built_metadata):
              if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"]
     wanted = {path.relative_to(ROOT).as_posix() for path in suite} | {".ci/run", "CHANGELOG.md", "README.md"}
     assert sorted(wanted - sources) == []
+
+
+def test_the_base_install_holds_a_websocket_library_so_a_handshake_is_refused_with_the_400():
+    """A WebSocket handshake is answered with an OpenAI-style 400, `websocket_not_supported` (glimmer/server/app.py,
+    _RefuseWebSockets), which uvicorn can send only with a WebSocket library installed. The test extras brought one
+    (websockets, through openai-agents), the base install none: there uvicorn logged "Unsupported upgrade request"
+    and "No supported WebSocket library detected. Please use pip install 'uvicorn[standard]'", and the handshake was
+    a plain GET (/v1/realtime: 404; /v1/chat/completions: 405, method not allowed). wsproto is a dependency."""
+    names = {Requirement(line).name for line in PYPROJECT["project"]["dependencies"]}
+    assert names & {"wsproto", "websockets"}, sorted(names)
