@@ -85,3 +85,11 @@ def test_the_base_install_holds_a_websocket_library_so_a_handshake_is_refused_wi
     a plain GET (/v1/realtime: 404; /v1/chat/completions: 405, method not allowed). wsproto is a dependency."""
     names = {Requirement(line).name for line in PYPROJECT["project"]["dependencies"]}
     assert names & {"wsproto", "websockets"}, sorted(names)
+
+
+def test_torch_floor_is_the_first_release_with_the_attention_and_errors_the_model_calls():
+    """Attention calls `F.scaled_dot_product_attention(..., enable_gqa=...)` (glimmer/model/kernels/paged_attention.py)
+    and the engine catches `torch.OutOfMemoryError` (engine/working_memory.py): both came in torch 2.5. The floor
+    was 2.4, so pip kept an installed torch 2.4, with which every prompt's attention ended in
+    "scaled_dot_product_attention() got an unexpected keyword argument 'enable_gqa'"."""
+    assert _dependency_floor("torch") >= Version("2.5")
