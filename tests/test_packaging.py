@@ -18,7 +18,9 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 def built_metadata(tmp_path_factory) -> tuple[list[warnings.WarningMessage], email.message.Message, set[str]]:
     """The warnings the build backend gives while it writes the wheel's metadata, that metadata (METADATA) as `pip
     install` reads it, and the files the sdist holds (SOURCES.txt, paths from the repository root). In-process, as
-    pip's build runs the backend: no build isolation, no network."""
+    pip's build runs the backend: no build isolation, no network, so the venv's setuptools must be one the build
+    asks for (pyproject's build-system)."""
+    pytest.importorskip("setuptools", minversion="77")
     from setuptools import build_meta
 
     out = tmp_path_factory.mktemp("metadata")
