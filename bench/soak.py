@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import random
 import re
 import signal
@@ -215,6 +216,43 @@ def serve(args: argparse.Namespace):
         server.stop(signal.SIGTERM, timeout_s=30)
 
 
+def count(text: str, least: int = 1) -> int:
+    """A count an option takes (clients, tokens, requests): a whole number, `least` or more (0 clients waited on
+    nothing, 0 tokens ended in randint's ValueError)."""
+    number = int(text) if text.strip().isascii() and text.strip().isdigit() else least - 1
+    if number < least:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count: give a whole number, {least} or more")
+    return number
+
+
+def prompt_words(text: str) -> int:
+    """--prompt-words: each prompt takes 4 to this many words."""
+    return count(text, least=4)
+
+
+def duration(text: str) -> float:
+    """A span of time an option takes (minutes, seconds): a finite number above 0 (-1 minutes soaked nothing and
+    reported an empty run; 0 seconds between reports printed a line every turn of the event loop)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration: give a number above 0")
+    return value
+
+
+def share(text: str) -> float:
+    """--disconnect-rate: the share of requests that hang up, a probability."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= 1:  # NaN fails it too
+        raise argparse.ArgumentTypeError(f"{text!r} is not a share: give a number from 0 to 1")
+    return value
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="checkpoint directory or Hub id (default: the tiny demo)")
@@ -226,16 +264,16 @@ def main() -> int:
     parser.add_argument("--max-num-seqs", type=int, default=None)
     parser.add_argument("--kv-cache-memory", default=None, help="e.g. 8GiB (passed to glimmer serve)")
     parser.add_argument("--serve-arg", action="append", default=[], help="another `glimmer serve` argument")
-    parser.add_argument("--clients", type=int, default=16)
-    parser.add_argument("--minutes", type=float, default=1.0)
-    parser.add_argument("--max-tokens", type=int, default=64, help="each request asks for 1..this many tokens")
-    parser.add_argument("--prompt-words", type=int, default=64)
-    parser.add_argument("--disconnect-rate", type=float, default=0.2, help="share of requests that hang up")
-    parser.add_argument("--baseline-requests", type=int, default=8)
-    parser.add_argument("--report-s", type=float, default=10.0, help="seconds between progress lines")
-    parser.add_argument("--request-timeout-s", type=float, default=600.0)
-    parser.add_argument("--drain-timeout-s", type=float, default=60.0)
-    parser.add_argument("--startup-timeout-s", type=float, default=900.0)
+    parser.add_argument("--clients", type=count, default=16)
+    parser.add_argument("--minutes", type=duration, default=1.0)
+    parser.add_argument("--max-tokens", type=count, default=64, help="each request asks for 1..this many tokens")
+    parser.add_argument("--prompt-words", type=prompt_words, default=64, help="each prompt has 4..this many words")
+    parser.add_argument("--disconnect-rate", type=share, default=0.2, help="share of requests that hang up, 0 to 1")
+    parser.add_argument("--baseline-requests", type=count, default=8)
+    parser.add_argument("--report-s", type=duration, default=10.0, help="seconds between progress lines")
+    parser.add_argument("--request-timeout-s", type=duration, default=600.0)
+    parser.add_argument("--drain-timeout-s", type=duration, default=60.0)
+    parser.add_argument("--startup-timeout-s", type=duration, default=900.0)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 

@@ -136,3 +136,22 @@ def test_serving_bench_refuses_a_count_that_is_not_one(script, option, value):
     done = _run(str(ROOT / "bench" / f"{script}.py"), option, value)
     assert done.returncode == 2, done.stderr[-2000:]
     assert f"argument {option}: {value!r} is not a count: give a whole number, 1 or more" in done.stderr
+
+
+@pytest.mark.parametrize(("option", "value", "what"), [
+    ("--clients", "0", "a count: give a whole number, 1 or more"),
+    ("--max-tokens", "0", "a count: give a whole number, 1 or more"),
+    ("--baseline-requests", "0", "a count: give a whole number, 1 or more"),
+    ("--prompt-words", "3", "a count: give a whole number, 4 or more"),
+    ("--minutes", "-1", "a duration: give a number above 0"), ("--report-s", "0", "a duration: give a number above 0"),
+    ("--disconnect-rate", "2", "a share: give a number from 0 to 1"),
+    ("--disconnect-rate", "nan", "a share: give a number from 0 to 1"),
+])
+def test_soak_refuses_a_setting_it_cannot_run(option, value, what):
+    """soak.py --clients 0 soaked with no client, --minutes -1 for no time, --disconnect-rate 2 hung up every
+    request, --max-tokens 0 ended in randint's ValueError after starting a server, --report-s 0 printed a line every
+    turn of the event loop: each now refuses the option before starting anything, exit 2."""
+    done = _run(str(ROOT / "bench" / "soak.py"), option, value)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"argument {option}: {value!r} is not {what}" in done.stderr
+    assert "Traceback" not in done.stderr
