@@ -46,6 +46,9 @@ _CODE = (
     "    return sum(r['amount'] for r in rows if 0 < r['amount'] < LIMIT)\n\n"
 )
 _ANSWER = "Totals are now grouped by region, and the fiscal year starts in April as the ledger shows. "
+_CODE_HEAD = "def total"  # what the tool call's file starts with, checked after parsing
+# a turn is a third reasoning, a third the file, a third the answer: a shorter one's file cannot hold its head
+MIN_CHARS = 3 * len(_CODE_HEAD)
 
 
 def composed_turn(total_chars: int) -> str:
@@ -63,6 +66,14 @@ def composed_turn(total_chars: int) -> str:
         "</atem:invoke>\n</atem:function_calls><|eom|>"
         f"<|start|>assistant to=user<|message|>{answer}<|eot|>"
     )
+
+
+def turn_length(text: str) -> int:
+    """--chars: a whole number, MIN_CHARS or more (a shorter turn ended in the tool call check's AssertionError)."""
+    chars = int(text) if text.strip().isascii() and text.strip().isdigit() else 0
+    if chars < MIN_CHARS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a turn length: give a whole number, {MIN_CHARS} or more")
+    return chars
 
 
 def streamed(text: str, chunk_chars: int) -> ParsedOutput:
@@ -96,7 +107,7 @@ def timed_run(chunks: list[str]) -> tuple[float, float, float, float]:
 
 def main() -> None:
     arguments = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    arguments.add_argument("--chars", type=int, default=200_000)
+    arguments.add_argument("--chars", type=turn_length, default=200_000)
     arguments.add_argument("--chunk", type=positive_count, default=4)
     arguments.add_argument("--repeat", type=positive_count, default=7)
     options = arguments.parse_args()
@@ -111,7 +122,7 @@ def main() -> None:
         == [(call.name, call.arguments) for call in one_shot.tool_calls]
     )
     assert same, "streaming and one-shot results differ"
-    assert json.loads(result.tool_calls[0].arguments)["content"].startswith("def total")
+    assert json.loads(result.tool_calls[0].arguments)["content"].startswith(_CODE_HEAD)
 
     chunks = [text[start:start + options.chunk] for start in range(0, len(text), options.chunk)]
     tenth = max(1, len(chunks) // 10)

@@ -155,3 +155,13 @@ def test_soak_refuses_a_setting_it_cannot_run(option, value, what):
     assert done.returncode == 2, done.stderr[-2000:]
     assert f"argument {option}: {value!r} is not {what}" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("chars", ["26", "0", "-5", "x"])
+def test_protocol_stream_refuses_a_turn_too_short_to_hold_its_tool_call(chars):
+    """protocol_stream.py --chars 26 (or 0, or -5) ended in an AssertionError, a stack trace: a third of the turn is
+    the tool call's file, which must hold "def total" for the check that the call was read whole."""
+    done = _run(str(ROOT / "bench" / "protocol_stream.py"), "--chars", chars)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"argument --chars: {chars!r} is not a turn length: give a whole number, 27 or more" in done.stderr
+    assert "Traceback" not in done.stderr
