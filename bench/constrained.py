@@ -24,6 +24,7 @@ from pathlib import Path
 from glimmer import LLM, SamplingParams, StructuredOutputsParams
 from glimmer.cli import positive_count, positive_counts
 from glimmer.engine.grammar import GrammarMasks
+from glimmer.errors import GlimmerError
 from glimmer.tiny import TinySpec, write_tiny_checkpoint
 
 SCHEMA = {
@@ -87,7 +88,12 @@ def main() -> None:
             spec = TinySpec(hidden_size=args.hidden_size, intermediate_size=2 * args.hidden_size,
                             num_hidden_layers=args.layers, head_dim=args.hidden_size // 4)
             model = str(write_tiny_checkpoint(Path(scratch), spec=spec))
-        llm = LLM(model, progress=False, max_num_seqs=max(batches), max_model_len=1024, load_format=load_format)
+        try:
+            llm = LLM(model, progress=False, max_num_seqs=max(batches), max_model_len=1024, load_format=load_format)
+        except GlimmerError as error:
+            if args.model is None:  # a checkpoint this script wrote
+                raise
+            parser.error(f"argument --model: {error}")
         llm.engine._grammar_masks = _TimedMasks(llm.engine.model_config.text.vocab_size, max(batches))
         structured = StructuredOutputsParams(json=SCHEMA)
         print(f"device {llm.engine.device}, vocab {llm.engine.model_config.text.vocab_size}, "

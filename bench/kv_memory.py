@@ -14,6 +14,7 @@ import argparse
 import math
 import tempfile
 
+from glimmer.cli import positive_count
 from glimmer.engine.kv_cache_manager import FULL, SLIDING
 from glimmer.engine.kv_planner import kv_bytes_per_block
 from glimmer.engine.llm_engine import EngineConfig, LLMEngine
@@ -56,6 +57,7 @@ def released_geometry() -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--window", type=int, default=64, help="the tiny model's sliding window (default 64)")
+    parser.add_argument("--window", type=positive_count, default=64,
+                        help="the tiny model's sliding window (default 64)")
     measure(window=parser.parse_args().window)
     released_geometry()

@@ -21,6 +21,7 @@ from glimmer.cli import positive_count
 from glimmer.default_model import default_drafter_dir, default_model_dir
 from glimmer.engine.llm import LLM
 from glimmer.engine.sampling_params import SamplingParams
+from glimmer.errors import ConfigError
 from glimmer.train_nano.evaluate import held_out_conversations, prompt_text
 
 KV_CACHE_BYTES = 1 << 30
@@ -47,7 +48,10 @@ def main() -> int:
     # two engines in one process: each gets a KV cache of its own size, not a share of free device memory;
     # no prefix cache, so that no timed prompt finds its prefill done by the warm-up or the batch row
     memory = {"kv_cache_memory": KV_CACHE_BYTES, "enable_prefix_caching": False}
-    baseline = LLM(str(default_model_dir()), device=args.device, progress=False, **memory)
+    try:  # the first engine: of what the command line gives it, only the device can be refused
+        baseline = LLM(str(default_model_dir()), device=args.device, progress=False, **memory)
+    except ConfigError as error:
+        parser.error(f"argument --device: {error}")
     conversations = held_out_conversations(args.prompts)
     prompts = [prompt_text(baseline, c, c.messages[: c.last_user_index + 1]) for c in conversations]
     speculative = LLM(str(default_model_dir()), device=args.device, progress=False, **memory, speculative_config={

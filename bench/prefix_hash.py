@@ -26,10 +26,13 @@ from collections.abc import Callable
 import torch
 
 from glimmer import LLM, SamplingParams
+from glimmer.checkpoint.formats import open_checkpoint
+from glimmer.checkpoint.resolve import resolve_checkpoint
 from glimmer.cli import positive_count
 from glimmer.engine import kv_cache_manager
 from glimmer.engine.kv_cache_manager import FULL, KVCacheLayout, KVCacheManager
 from glimmer.engine.sequence import Sequence
+from glimmer.errors import GlimmerError
 from glimmer.tiny import write_tiny_checkpoint
 
 BLOCK_SIZE = 16
@@ -149,9 +152,15 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=positive_count, default=16)
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
     args = parser.parse_args()
+    if args.model is not None:
+        try:  # its config and tokenizer before the hashing figures: a wrong --model ended in a stack trace after them
+            model = str(resolve_checkpoint(args.model))
+            open_checkpoint(model, weights=False)
+        except GlimmerError as error:
+            parser.error(f"argument --model: {error}")
     hashing_cost(args.repeats)
     if args.model is not None:
-        end_to_end(args.model, args)
+        end_to_end(model, args)
         return
     with tempfile.TemporaryDirectory() as tmp:
         end_to_end(str(write_tiny_checkpoint(tmp)), args)

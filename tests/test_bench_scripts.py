@@ -165,3 +165,26 @@ def test_protocol_stream_refuses_a_turn_too_short_to_hold_its_tool_call(chars):
     assert done.returncode == 2, done.stderr[-2000:]
     assert f"argument --chars: {chars!r} is not a turn length: give a whole number, 27 or more" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(("script", "option", "value", "message"), [
+    ("kv_memory", "--window", "0", "'0' is not a count: give a whole number, 1 or more"),
+    ("nano_spec_decode", "--device", "nope",
+     "device='nope' is not a valid torch device; use 'cpu', 'cuda' or 'cuda:N'"),
+    ("prefix_hash", "--model", "/nonexistent", "model '/nonexistent' is neither an existing directory nor a Hugging "
+                                               "Face Hub id"),
+    ("prefix_hash", "--model", "bench", "config.json: not found; a checkpoint directory must contain config.json"),
+    ("constrained", "--model", "/nonexistent", "model '/nonexistent' is neither an existing directory nor a Hugging "
+                                               "Face Hub id"),
+    ("constrained", "--model", "bench", "config.json: not found; a checkpoint directory must contain config.json"),
+])
+def test_bench_refuses_a_model_device_or_window_it_cannot_load(script, option, value, message):
+    """kv_memory.py --window 0 ended in the tiny checkpoint's ConfigError, nano_spec_decode.py --device nope in the
+    engine's, prefix_hash.py and constrained.py --model /nonexistent in resolve_checkpoint's CheckpointError
+    (prefix_hash after its hashing figures): stack traces; each now names the option on one line before printing a
+    figure, exit 2."""
+    done = _run(str(ROOT / "bench" / f"{script}.py"), option, value)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"{script}.py: error: argument {option}: " in done.stderr and message in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    assert done.stdout == ""
