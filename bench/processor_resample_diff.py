@@ -106,7 +106,11 @@ def main() -> None:
     if args.cpu_torchvision_shim:
         register_torchvision_op_schemas()
 
-    import torchvision
+    try:
+        import torchvision
+    except ModuleNotFoundError:
+        sys.exit("processor_resample_diff.py needs torchvision, which the reference processors resize with: "
+                 f"pip install torchvision (>= 0.27, the build for torch {torch.__version__})")
     import transformers
     from transformers import MuseGlimmerImageProcessor, MuseGlimmerVideoProcessor
 

@@ -188,3 +188,13 @@ def test_bench_refuses_a_model_device_or_window_it_cannot_load(script, option, v
     assert f"{script}.py: error: argument {option}: " in done.stderr and message in done.stderr, done.stderr[-2000:]
     assert "Traceback" not in done.stderr
     assert done.stdout == ""
+
+
+def test_processor_resample_diff_without_torchvision_says_how_to_get_it(monkeypatch):
+    """processor_resample_diff.py where torchvision is not installed ended in a ModuleNotFoundError's stack trace."""
+    monkeypatch.setitem(sys.modules, "torchvision", None)  # as if not installed: importing it raises
+    done = _run(str(ROOT / "bench" / "processor_resample_diff.py"))
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert done.stderr == (f"processor_resample_diff.py needs torchvision, which the reference processors resize "
+                           f"with: pip install torchvision (>= 0.27, the build for torch {torch.__version__})\n")
+    assert done.stdout == ""
