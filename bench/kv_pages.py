@@ -11,7 +11,7 @@ the baseline in the same run, admitting whatever fits at the moment (the schedul
 vLLM's policy). Loads: `bench/gpu_30b.py`'s 256 x 1K-in/256-out, long contexts (16 x 32K-in/256-out), and a
 chat-like one (512 x 1K-in, max_tokens 4096, outputs ending at random, 300 tokens on average).
 
-    python bench/kv_pages.py                 # the H100's 7.2 GB (after 53 GB of weights) and 40 GB
+    python bench/kv_pages.py                 # the H100's 7.2 GiB (after 53 GB of weights) and 40 GiB
     python bench/kv_pages.py --kv-gib 7.2 20
 """
 
@@ -33,6 +33,7 @@ from glimmer.engine.sequence import Sequence
 from glimmer.tiny import released_30b_config
 
 BLOCK = 16
+GIB = 2**30  # --kv-gib's unit, as bench/gpu_kv_admission.py's --kv-gib and the engine's "GiB" count it
 # a step's time on one H100 at its floors (bench/MEASUREMENTS.md, "30B on one H100 80GB"): the weight matmuls at
 # batch 1, 64 and 256 (interpolated between), and each prefilled token's 2 x 29.6 GFLOP at 781 TFLOP/s
 WEIGHT_STEP_S = ((1, 19.11e-3), (64, 19.78e-3), (256, 22.69e-3))
@@ -116,32 +117,37 @@ def largest_request(geometry: PageGeometry, sliding_window: int) -> tuple[Load, 
     return load, pages_a_request(load, geometry, sliding_window)
 
 
+def pages_in(gib: float, page_bytes: int) -> int:
+    """The whole pages a cache of `gib` GiB holds."""
+    return int(gib * GIB) // page_bytes
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kv-gib", type=float, nargs="+", default=[7.2, 40.0],
-                        help="KV cache sizes in GB (10^9 bytes), as the engine sizes them after the weights")
+                        help="KV cache sizes in GiB (2^30 bytes), as the engine sizes them after the weights")
     args = parser.parse_args()
     text = released_30b_config().text
     geometry = page_geometry(text)
     page_bytes = kv_bytes_per_page(text, BLOCK, torch.bfloat16)
     load, pages = largest_request(geometry, text.sliding_window)
-    smallest_gb = pages * page_bytes / 1e9
+    smallest_gib = pages * page_bytes / GIB
     for gib in args.kv_gib:
         if not math.isfinite(gib):
-            parser.error(f"argument --kv-gib: {gib:g} is not a size in GB; give a number such as 7.2")
-        if int(gib * 1e9) // page_bytes < pages:
-            parser.error(f"argument --kv-gib: {gib:g} GB holds no request of the load {load.name} ({pages:,} pages, "
-                         f"{smallest_gb:.2f} GB, at its longest); give {math.ceil(smallest_gb * 100) / 100:.2f} or "
+            parser.error(f"argument --kv-gib: {gib:g} is not a size in GiB; give a number such as 7.2")
+        if pages_in(gib, page_bytes) < pages:
+            parser.error(f"argument --kv-gib: {gib:g} GiB holds no request of the load {load.name} ({pages:,} pages, "
+                         f"{smallest_gib:.2f} GiB, at its longest); give {math.ceil(smallest_gib * 100) / 100:.2f} or "
                          "more")
     print(f"30B geometry: {len(text.full_attention_layers)} full-attention and {len(text.sliding_attention_layers)} "
           f"sliding-window layers (window {text.sliding_window}); a page is {BLOCK} positions of "
           f"{geometry.page_layers} layers, {page_bytes:,} bytes; pages a block: {geometry.pages_per_block}")
     for gib in args.kv_gib:
-        pages = int(gib * 1e9) // page_bytes
+        pages = pages_in(gib, page_bytes)
         layout = KVCacheLayout(BLOCK, pages, geometry.pages_per_block, text.sliding_window)
         for load in LOADS:
             per_request = pages_a_request(load, geometry, text.sliding_window)
-            print(f"{gib:.1f} GB ({pages:,} pages), {load.name}: ceiling {min(load.requests, pages // per_request)} "
+            print(f"{gib:g} GiB ({pages:,} pages), {load.name}: ceiling {min(load.requests, pages // per_request)} "
                   f"at once ({per_request} pages a request at its longest)")
             results = {}
             for reserve in (False, True):
