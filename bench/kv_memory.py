@@ -11,7 +11,6 @@ Then prints the same ratio for the released Muse Glimmer geometry (52 layers, 13
 from __future__ import annotations
 
 import argparse
-import math
 import tempfile
 
 from glimmer.cli import positive_count
@@ -47,12 +46,18 @@ def measure(window: int = 64, lengths: tuple[int, ...] = (32, 64, 128, 512, 1024
         engine.abort("long")
 
 
+def sequences_that_fit(ratio: float) -> str:
+    """How many sequences the hybrid cache holds against an every-layer cache of the same bytes, `ratio` being its
+    bytes over that cache's: within the window every layer keeps every position, and no more fit."""
+    return "no more sequences fit" if ratio >= 1 else f"{1 / ratio:.2f}x as many sequences fit"
+
+
 def released_geometry() -> None:
     layers, full, window = 52, 13, 2048
     print("released geometry (per position, relative to keeping every layer):")
     for length in (2048, 8192, 32768, 131072):
         ratio = (full * length + (layers - full) * min(length, window)) / (layers * length)
-        print(f"  {length:>7} positions: {ratio:.3f}  ({math.ceil(1 / ratio * 10) / 10}x more sequences fit)")
+        print(f"  {length:>7} positions: {ratio:.3f}  ({sequences_that_fit(ratio)})")
 
 
 if __name__ == "__main__":

@@ -199,3 +199,16 @@ def test_processor_resample_diff_without_torchvision_says_how_to_get_it(monkeypa
     assert done.stderr == (f"processor_resample_diff.py needs torchvision, which the reference processors resize "
                            f"with: pip install torchvision (>= 0.27, the build for torch {torch.__version__})\n")
     assert done.stdout == ""
+
+
+def test_kv_memory_says_no_more_sequences_fit_where_the_cache_saves_nothing():
+    """kv_memory.py said "(1.0x more sequences fit)" at 2,048 positions, the window, where the hybrid cache costs what
+    an every-layer cache does, and rounded the others up (3.9x for 3.82x)."""
+    script = runpy.run_path(str(ROOT / "bench" / "kv_memory.py"))  # not as __main__: its measurement is not run
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        script["released_geometry"]()
+    lines = out.getvalue().splitlines()
+    assert lines[1] == "     2048 positions: 1.000  (no more sequences fit)", lines
+    assert lines[2] == "     8192 positions: 0.438  (2.29x as many sequences fit)", lines
+    assert lines[4] == "   131072 positions: 0.262  (3.82x as many sequences fit)", lines
