@@ -7,7 +7,7 @@ video prompt, and the bf16 error compared with the reference's own bf16 error.
 Part 2 (speed, bf16): a mid-size random model (~0.8B parameters, no download); batched generation
 through the engine against the reference's batched `generate` in the same run, and single-stream decode.
 
-    python bench/cuda_check.py [--skip-speed]
+    python bench/cuda_check.py [--skip-speed] [--json out.json]
 """
 
 from __future__ import annotations
@@ -153,6 +153,7 @@ def speed(tmp: Path, batch: int = 64, prompt_len: int = 256, new_tokens: int = 1
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--skip-speed", action="store_true")
+    parser.add_argument("--json", type=Path, help="also write the report here")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("cuda_check.py needs a CUDA GPU")
@@ -163,6 +164,8 @@ def main() -> None:
         if not args.skip_speed:
             report["speed"] = speed(Path(tmp))
         print(json.dumps(report, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
 
 
 if __name__ == "__main__":

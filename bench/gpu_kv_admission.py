@@ -7,12 +7,13 @@ and, as the baseline, admitting whatever fits at the moment (the scheduler befor
 Prints each run's output rate and preemptions, and their ratio.
 
     python bench/gpu_kv_admission.py
-    python bench/gpu_kv_admission.py --kv-gib 5
+    python bench/gpu_kv_admission.py --kv-gib 5 --json out.json    # the printed figures written there too
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
@@ -32,6 +33,7 @@ def main() -> None:
     parser.add_argument("--kv-gib", type=float, default=7.2, help="the KV cache's size in GiB (default 7.2)")
     parser.add_argument("--requests", type=int, default=256, help="requests of 1K prompt tokens (default 256)")
     parser.add_argument("--max-tokens", type=int, default=256, help="tokens each request generates (default 256)")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("gpu_kv_admission.py needs a CUDA GPU")
@@ -45,6 +47,9 @@ def main() -> None:
         run_engine(llm, fresh_prompts(64, 1024, 2), 4)  # compiles and graphs, untimed
         scheduler = llm.engine.scheduler
         rates = {}
+        results: dict = {"device": torch.cuda.get_device_name(), "kv_gib": args.kv_gib,
+                         "pages": llm.engine.kv_layout.num_pages, "requests": args.requests,
+                         "max_tokens": args.max_tokens}
         for seed, (name, reserve) in enumerate((("growth reserve", True), ("whatever fits", False)), start=300):
             if not reserve:
                 # the admission before the reserve
@@ -54,7 +59,13 @@ def main() -> None:
             rates[name] = result["output_tokens_per_s"]
             print(f"{name}: output {rates[name]:,.1f} tok/s in {result['seconds']:.1f} s, "
                   f"preemptions {scheduler.num_preemptions - before}", flush=True)
-        print(f"growth reserve / whatever fits: {rates['growth reserve'] / rates['whatever fits']:.2f}")
+            results[name] = {"output_tokens_per_s": round(rates[name], 1), "seconds": round(result["seconds"], 1),
+                             "preemptions": scheduler.num_preemptions - before}
+        ratio = rates["growth reserve"] / rates["whatever fits"]
+        print(f"growth reserve / whatever fits: {ratio:.2f}")
+        results["growth reserve / whatever fits"] = round(ratio, 2)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
     python bench/spec_decode.py                       # the released 30B geometry on CUDA (random bf16 weights)
     python bench/spec_decode.py --preset tiny --device cpu --batches 1 4 --new-tokens 24   # a smoke run
+    python bench/spec_decode.py --json out.json       # the printed figures written there too
 
 The target and the full-size drafter are built from config alone with random weights drawn on the device
 (`load_format="dummy"`), so no checkpoint is needed; random weights accept nothing, so acceptance is forced:
@@ -23,7 +24,9 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import logging
+import math
 import tempfile
 import time
 from collections import Counter, defaultdict
@@ -167,7 +170,10 @@ def main() -> None:
                         help="the engine's prefill chunk (default: every batch's prompts in one step); long prompts "
                              "on a smaller GPU need a smaller one")
     parser.add_argument("--check", action="store_true", help="first check exactness with tiny float32 models")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
+    # the figures as printed, by batch: the baseline, each mode's rows by forced acceptance length, the drafter's step
+    results: dict[str, dict] = {}
     logging.basicConfig(level=logging.WARNING)
     with tempfile.TemporaryDirectory() as tmp:
         started = time.perf_counter()
@@ -196,6 +202,8 @@ def main() -> None:
             step_ms = 1000 * seconds / max(1, args.new_tokens - 1)
             print(f"{batch:>5} {'baseline':>9} {'-':>6} {'1.00':>8} {base:>9.1f} {1:>7.2f}  "
                   f"{step_ms:.1f} ms/step", flush=True)
+            figures = results[str(batch)] = {"baseline": {"tokens_per_s": round(base, 1), "vs_baseline": 1.0,
+                                                          "ms_per_step": round(step_ms, 1)}}
             engine.speculator = speculator
             continuation = {tuple(p): known[i] for i, p in enumerate(prompts)}
             drafter_seconds: list[float] = []
@@ -231,11 +239,22 @@ def main() -> None:
                                  + ", ".join(f"k={k} {1000 * t:.1f}" for k, t in times.items()))
                     print(f"{batch:>5} {mode:>9} {tau:>6.2f} {measured:>8.2f} {rate:>9.1f} {rate / base:>7.2f}  "
                           f"{note}", flush=True)
+                    row = {"measured_acceptance": round(measured, 2) if math.isfinite(measured) else None,
+                           "tokens_per_s": round(rate, 1), "vs_baseline": round(rate / base, 2),
+                           "outputs_identical": same}
+                    if mode == "adaptive":
+                        row["steps_proposing_k"] = {str(k): n for k, n in sorted(chosen.items())}
+                        row["policy_step_ms"] = {str(k): round(1000 * t, 1) for k, t in times.items()}
+                    figures.setdefault(mode, {})[f"{tau:.2f}"] = row
             if drafter_seconds:
                 cost = 1000 * sorted(drafter_seconds)[len(drafter_seconds) // 2]
                 print(f"{batch:>5} {'drafter':>9} {'':>6} {'':>8} {'':>9} {'':>7}  real drafter step "
                       f"{cost:.2f} ms (median) = {cost / step_ms:.2f} baseline decode steps", flush=True)
+                figures["drafter_step_ms"] = round(cost, 2)
+                figures["drafter_step_over_baseline_step"] = round(cost / step_ms, 2)
         print(f"total {time.perf_counter() - started:.1f}s")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 import contextlib
 import io
+import json
 import os
 import runpy
 import sys
@@ -228,3 +229,39 @@ def test_kv_memory_says_no_more_sequences_fit_where_the_cache_saves_nothing():
     assert lines[1] == "     2048 positions: 1.000  (no more sequences fit)", lines
     assert lines[2] == "     8192 positions: 0.438  (2.29x as many sequences fit)", lines
     assert lines[4] == "   131072 positions: 0.262  (3.82x as many sequences fit)", lines
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the scripts run their benchmark where CUDA is available")
+@pytest.mark.parametrize("script", ["cuda_check", "gpu_kv_admission"])
+def test_gpu_bench_takes_a_json_path_for_its_figures(script, tmp_path):
+    """cuda_check.py and gpu_kv_admission.py had no --json, which gpu_30b.py and gpu_sampling.py take: a run on a
+    device machine was refused, "unrecognized arguments: --json", exit 2. (Here, without CUDA, it gets as far as that
+    check.)"""
+    done = _run(str(ROOT / "bench" / f"{script}.py"), "--json", str(tmp_path / "figures.json"))
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert done.stderr == f"{script}.py needs a CUDA GPU\n"
+
+
+def test_spec_decode_writes_the_figures_it_prints_to_json(tmp_path):
+    """spec_decode.py had no --json, which gpu_30b.py and gpu_sampling.py take: its table was to be copied from the
+    output by hand. The smallest CPU run writes each row's figures as printed."""
+    path = tmp_path / "spec.json"
+    threads = torch.get_num_threads()
+    try:
+        done = _run(str(ROOT / "bench" / "spec_decode.py"), "--preset", "tiny", "--device", "cpu", "--batches", "1",
+                    "--prompt-len", "4", "--new-tokens", "4", "--acceptance", "2", "--adaptive-acceptance", "2",
+                    "--json", str(path))
+    finally:
+        torch.set_num_threads(threads)
+    assert done.returncode == 0, done.stderr[-2000:]
+    figures = json.loads(path.read_text())["1"]
+    rows = {line.split()[1]: line.split() for line in done.stdout.splitlines() if line.startswith("    1 ")}
+    assert figures["baseline"] == {"tokens_per_s": float(rows["baseline"][4]), "vs_baseline": 1.0,
+                                   "ms_per_step": float(rows["baseline"][6])}
+    for mode in ("off", "always", "adaptive"):
+        row = figures[mode][rows[mode][2]]  # by the forced acceptance length, as printed
+        measured = None if rows[mode][3] == "nan" else float(rows[mode][3])
+        assert (row["measured_acceptance"], row["tokens_per_s"], row["vs_baseline"]) == (
+            measured, float(rows[mode][4]), float(rows[mode][5])), (mode, row, rows[mode])
+        assert f"{row['outputs_identical']}/1 outputs = baseline" in " ".join(rows[mode])
+    assert figures["drafter_step_ms"] == float(rows["drafter"][5])
