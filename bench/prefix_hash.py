@@ -142,16 +142,26 @@ def end_to_end(model: str, args: argparse.Namespace) -> None:
         print(f"   {clock} second, new / old: {ratio:.3f}  (run-to-run spread ±{noise:.1%})")
 
 
+def token_span(text: str) -> int:
+    """--prefix-tokens, --tail-tokens: a whole number, 0 or more (-1 ended in torch.randint's RuntimeError)."""
+    if not (text.strip().isascii() and text.strip().isdigit()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a token count: give a whole number, 0 or more")
+    return int(text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="checkpoint directory (default: a tiny random one)")
     parser.add_argument("--repeats", type=positive_count, default=5)
     parser.add_argument("--prompts", type=positive_count, default=16)
-    parser.add_argument("--prefix-tokens", type=int, default=256)
-    parser.add_argument("--tail-tokens", type=int, default=32)
+    parser.add_argument("--prefix-tokens", type=token_span, default=256, help="tokens every prompt shares")
+    parser.add_argument("--tail-tokens", type=token_span, default=32, help="tokens of each prompt's own")
     parser.add_argument("--max-tokens", type=positive_count, default=16)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=None)
+    parser.add_argument("--max-num-batched-tokens", type=positive_count, default=None)
     args = parser.parse_args()
+    if args.prefix_tokens + args.tail_tokens == 0:
+        parser.error("argument --tail-tokens: the prompts would be empty: give --prefix-tokens or --tail-tokens 1 or "
+                     "more")
     if args.model is not None:
         try:  # its config and tokenizer before the hashing figures: a wrong --model ended in a stack trace after them
             model = str(resolve_checkpoint(args.model))

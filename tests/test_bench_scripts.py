@@ -265,3 +265,20 @@ def test_spec_decode_writes_the_figures_it_prints_to_json(tmp_path):
             measured, float(rows[mode][4]), float(rows[mode][5])), (mode, row, rows[mode])
         assert f"{row['outputs_identical']}/1 outputs = baseline" in " ".join(rows[mode])
     assert figures["drafter_step_ms"] == float(rows["drafter"][5])
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--prefix-tokens", "-1"], "argument --prefix-tokens: '-1' is not a token count: give a whole number, 0 or more"),
+    (["--tail-tokens", "x"], "argument --tail-tokens: 'x' is not a token count: give a whole number, 0 or more"),
+    (["--prefix-tokens", "0", "--tail-tokens", "0"],
+     "argument --tail-tokens: the prompts would be empty: give --prefix-tokens or --tail-tokens 1 or more"),
+    (["--max-num-batched-tokens", "0"], "argument --max-num-batched-tokens: '0' is not a count: give a whole number, "
+                                        "1 or more"),
+])
+def test_prefix_hash_refuses_prompt_shapes_it_cannot_run(args, message):
+    """prefix_hash.py --prefix-tokens -1 ended in torch.randint's RuntimeError, 0 and 0 in "the prompt is empty", and
+    --max-num-batched-tokens 0 in the engine's ConfigError: stack traces after the hashing figures."""
+    done = _run(str(ROOT / "bench" / "prefix_hash.py"), *args)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"prefix_hash.py: error: {message}" in done.stderr
+    assert done.stdout == ""
