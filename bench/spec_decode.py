@@ -34,10 +34,12 @@ from pathlib import Path
 
 import torch
 
+from glimmer.cli import positive_count
 from glimmer.engine.draft_policy import DraftPolicy
 from glimmer.engine.llm_engine import EngineConfig, LLMEngine
 from glimmer.engine.proposers import ReplayProposer, forced_acceptance
 from glimmer.engine.sampling_params import SamplingParams
+from glimmer.errors import ConfigError
 from glimmer.tiny import TinySpec, write_tiny_checkpoint, write_tiny_drafter
 
 _ids = itertools.count()
@@ -155,18 +157,31 @@ class TimedProposer:
         return drafts
 
 
+def acceptance_length(text: str) -> float:
+    """--acceptance, --adaptive-acceptance: a mean acceptance length, the tokens a verification emits (the accepted
+    drafts and one more), so 1 or more (0.5 forced a negative count of correct tokens)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 1):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an acceptance length: give a number, 1 or more (the tokens "
+                                         "a verification emits)")
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", choices=["30b", "tiny"], default="30b")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on CPU")
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--batches", type=positive_count, nargs="+", default=[1, 16, 64])
     # 140 + 64 + 16 positions stay within one block-table width bucket (16 blocks): the drafter's steps keep one shape
-    parser.add_argument("--prompt-len", type=int, default=140)
-    parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--acceptance", type=float, nargs="+", default=[1.0, 2.96, 4.4, 15.0])
-    parser.add_argument("--adaptive-acceptance", type=float, nargs="+", default=[1.0, 2.96, 4.4])
-    parser.add_argument("--max-num-batched-tokens", type=int, default=None,
+    parser.add_argument("--prompt-len", type=positive_count, default=140)
+    parser.add_argument("--new-tokens", type=positive_count, default=64)
+    parser.add_argument("--acceptance", type=acceptance_length, nargs="+", default=[1.0, 2.96, 4.4, 15.0])
+    parser.add_argument("--adaptive-acceptance", type=acceptance_length, nargs="+", default=[1.0, 2.96, 4.4])
+    parser.add_argument("--max-num-batched-tokens", type=positive_count, default=None,
                         help="the engine's prefill chunk (default: every batch's prompts in one step); long prompts "
                              "on a smaller GPU need a smaller one")
     parser.add_argument("--check", action="store_true", help="first check exactness with tiny float32 models")
@@ -177,9 +192,12 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     with tempfile.TemporaryDirectory() as tmp:
         started = time.perf_counter()
-        if args.check:
-            check_exactness(args.device, Path(tmp))
-        engine = build(args, Path(tmp))
+        try:  # the engines' configurations: a --device or --dtype they cannot take is refused as they are built
+            if args.check:
+                check_exactness(args.device, Path(tmp))
+            engine = build(args, Path(tmp))
+        except ConfigError as error:
+            parser.error(str(error))
         calm_for_replay(engine)
         print(f"engine ready in {time.perf_counter() - started:.1f}s on {engine.device} ({engine.dtype}); "
               f"target {engine.model_config.text.num_hidden_layers} layers, drafter "

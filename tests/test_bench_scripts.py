@@ -282,3 +282,26 @@ def test_prefix_hash_refuses_prompt_shapes_it_cannot_run(args, message):
     assert done.returncode == 2, done.stderr[-2000:]
     assert f"prefix_hash.py: error: {message}" in done.stderr
     assert done.stdout == ""
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--batches", "1", "0"], "argument --batches: '0' is not a count: give a whole number, 1 or more"),
+    (["--prompt-len", "0"], "argument --prompt-len: '0' is not a count: give a whole number, 1 or more"),
+    (["--new-tokens", "0"], "argument --new-tokens: '0' is not a count: give a whole number, 1 or more"),
+    (["--max-num-batched-tokens", "-8"], "argument --max-num-batched-tokens: '-8' is not a count: give a whole "
+                                         "number, 1 or more"),
+    (["--acceptance", "0.5"], "argument --acceptance: '0.5' is not an acceptance length: give a number, 1 or more "
+                              "(the tokens a verification emits)"),
+    (["--adaptive-acceptance", "nan"], "argument --adaptive-acceptance: 'nan' is not an acceptance length: give a "
+                                       "number, 1 or more (the tokens a verification emits)"),
+    (["--device", "nope"], "device='nope' is not a valid torch device; use 'cpu', 'cuda' or 'cuda:N'"),
+])
+def test_spec_decode_refuses_settings_it_cannot_run(args, message):
+    """spec_decode.py --batches 0 ended in the engine's ConfigError, --prompt-len 0 in "the prompt is empty",
+    --device nope in the engine's ConfigError, stack traces; --acceptance 0.5 forced a negative count of correct
+    tokens and printed its row."""
+    done = _run(str(ROOT / "bench" / "spec_decode.py"), "--preset", "tiny", *args)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"spec_decode.py: error: {message}" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stdout == ""
