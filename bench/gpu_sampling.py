@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_30b import fresh_prompts, run_engine  # noqa: E402
 
 from glimmer import LLM  # noqa: E402
+from glimmer.cli import positive_count  # noqa: E402
 from glimmer.tiny import write_tiny_checkpoint  # noqa: E402
 
 NEW_TOKENS = 97
@@ -53,7 +54,7 @@ def decode_rate(llm: LLM, prompts: list[list[int]], kind: dict) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--batches", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--batches", type=positive_count, nargs="+", default=[64, 256])
     parser.add_argument("--kinds", nargs="+", choices=list(KINDS), default=list(KINDS),
                         help="the kinds to run (greedy, the baseline, always runs)")
     parser.add_argument("--json", type=Path)

@@ -305,3 +305,19 @@ def test_spec_decode_refuses_settings_it_cannot_run(args, message):
     assert f"spec_decode.py: error: {message}" in done.stderr
     assert "Traceback" not in done.stderr
     assert done.stdout == ""
+
+
+@pytest.mark.parametrize(("script", "option", "value", "message"), [
+    ("gpu_kv_admission", "--kv-gib", "-1", "'-1' is not a size in GiB: give a number above 0, such as 7.2"),
+    ("gpu_kv_admission", "--kv-gib", "inf", "'inf' is not a size in GiB: give a number above 0, such as 7.2"),
+    ("gpu_kv_admission", "--requests", "0", "'0' is not a count: give a whole number, 1 or more"),
+    ("gpu_kv_admission", "--max-tokens", "0", "'0' is not a count: give a whole number, 1 or more"),
+    ("gpu_sampling", "--batches", "0", "'0' is not a count: give a whole number, 1 or more"),
+])
+def test_gpu_bench_refuses_a_setting_before_it_loads_the_model(script, option, value, message):
+    """gpu_kv_admission.py --kv-gib -1 or --requests 0 and gpu_sampling.py --batches 0 passed the parser, for the
+    engine to refuse on a GPU in a ConfigError's stack trace, and --max-tokens 0 timed runs of no output; they are
+    refused first, on any machine."""
+    done = _run(str(ROOT / "bench" / f"{script}.py"), option, value)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"{script}.py: error: argument {option}: {message}" in done.stderr
