@@ -67,12 +67,22 @@ def run(llm: LLM, batch: int, max_tokens: int, structured: StructuredOutputsPara
     return (long - short) / max_tokens
 
 
+def tiny_hidden_size(text: str) -> int:
+    """--hidden-size of the tiny model: its 4 heads of a quarter of it each, a head size even (rotary embeddings) and
+    16 or more (the tiny config's qk_scale_factor, 3.87, must be below √head_dim), so a multiple of 8, 64 or more."""
+    size = int(text) if text.strip().isascii() and text.strip().isdigit() else 0
+    if size < 64 or size % 8:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a tiny model's hidden size: give a multiple of 8, 64 or "
+                                         "more")
+    return size
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="checkpoint directory (default: a random tiny checkpoint)")
     parser.add_argument("--batches", type=positive_counts, default=[1, 64])
     parser.add_argument("--max-tokens", type=positive_count, default=64)
-    parser.add_argument("--hidden-size", type=positive_count, default=64)
+    parser.add_argument("--hidden-size", type=tiny_hidden_size, default=64)
     parser.add_argument("--layers", type=positive_count, default=8)
     parser.add_argument("--repeats", type=positive_count, default=2)
     parser.add_argument("--preset", choices=("tiny", "30b"), default="tiny")

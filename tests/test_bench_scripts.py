@@ -321,3 +321,13 @@ def test_gpu_bench_refuses_a_setting_before_it_loads_the_model(script, option, v
     done = _run(str(ROOT / "bench" / f"{script}.py"), option, value)
     assert done.returncode == 2, done.stderr[-2000:]
     assert f"{script}.py: error: argument {option}: {message}" in done.stderr
+
+
+@pytest.mark.parametrize("size", ["2", "8", "60", "68"])
+def test_constrained_refuses_a_hidden_size_its_tiny_model_cannot_have(size):
+    """constrained.py --hidden-size 2 ended in the tiny checkpoint's ConfigError (head_dim=0), 8 in another
+    (qk_scale_factor=3.87 is not below √head_dim), 68 in a third (an odd head_dim), each a stack trace."""
+    done = _run(str(ROOT / "bench" / "constrained.py"), "--hidden-size", size)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert (f"constrained.py: error: argument --hidden-size: {size!r} is not a tiny model's hidden size: give a "
+            "multiple of 8, 64 or more") in done.stderr
