@@ -23,12 +23,15 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from glimmer.checkpoint.formats import open_checkpoint
+from glimmer.checkpoint.resolve import resolve_checkpoint
 from glimmer.cli import parse_size, positive_count
 from glimmer.default_model import default_model_dir
 from glimmer.engine.async_engine import AsyncEngine
 from glimmer.engine.llm import LLM
 from glimmer.engine.llm_engine import EngineConfig
 from glimmer.engine.sampling_params import SamplingParams
+from glimmer.errors import GlimmerError
 from glimmer.server.app import create_app
 from glimmer.server.background import BackgroundServer
 from glimmer.server.settings import ServerSettings
@@ -136,12 +139,21 @@ def main() -> None:
                      "runs it in this process")
     logging.basicConfig(level=logging.ERROR)  # a random model's output makes the parser warn a lot
     model = args.model or str(default_model_dir())
+    # the checkpoint and the engine's settings before any request: with --url the baseline loads them after the load
+    try:
+        open_checkpoint(resolve_checkpoint(model), weights=False)
+    except GlimmerError as error:
+        parser.error(f"argument --model: {error}")
+    try:
+        config = EngineConfig(model=model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
+                              max_num_seqs=args.max_num_seqs, kv_cache_memory=args.kv_cache_memory, progress=False)
+        config.resolved_dtype(config.resolved_device())
+    except GlimmerError as error:
+        parser.error(str(error))
 
     if args.url:
         results, elapsed = asyncio.run(run_clients(args.url, args))
     else:
-        config = EngineConfig(model=model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
-                              max_num_seqs=args.max_num_seqs, kv_cache_memory=args.kv_cache_memory, progress=False)
         engine = AsyncEngine(config)
         try:
             app = create_app(engine, ServerSettings(served_model_names=(MODEL_NAME,)))

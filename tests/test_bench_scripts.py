@@ -331,3 +331,19 @@ def test_constrained_refuses_a_hidden_size_its_tiny_model_cannot_have(size):
     assert done.returncode == 2, done.stderr[-2000:]
     assert (f"constrained.py: error: argument --hidden-size: {size!r} is not a tiny model's hidden size: give a "
             "multiple of 8, 64 or more") in done.stderr
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--url", "http://127.0.0.1:9", "--model", "/nonexistent"],
+     "argument --model: model '/nonexistent' is neither an existing directory nor a Hugging Face Hub id"),
+    (["--device", "nope"], "device='nope' is not a valid torch device; use 'cpu', 'cuda' or 'cuda:N'"),
+    (["--max-num-seqs", "0"], "max_num_seqs=0 must be a positive integer"),
+])
+def test_serve_throughput_refuses_an_engine_it_cannot_build_before_any_request(args, message):
+    """serve_throughput.py --url URL --model /nonexistent sent the whole load to URL and ended in a stack trace when
+    its sequential baseline loaded the model; --device nope and --max-num-seqs 0 ended in the engine's ConfigError."""
+    done = _run(str(ROOT / "bench" / "serve_throughput.py"), *args)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"serve_throughput.py: error: {message}" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stdout == ""
