@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import tempfile
 import time
@@ -135,6 +136,18 @@ def thread_count(text: str) -> int:
     return count
 
 
+def target_ratio(text: str) -> float:
+    """--target: a finite ratio, 0 or more (nan was never met whatever the run, and -1 met by any)."""
+    try:
+        ratio = float(text)
+    except ValueError:
+        ratio = math.nan
+    if not (math.isfinite(ratio) and ratio >= 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a ratio to transformers: give a number, 0 or more, such "
+                                         "as 2")
+    return ratio
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", type=positive_counts, default=[1, 8], help="comma-separated batch sizes")
@@ -143,7 +156,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=positive_count, default=2,
                         help="timed runs per engine and batch; the best counts")
     parser.add_argument("--threads", type=thread_count, default=None, help="torch threads (default: torch's choice)")
-    parser.add_argument("--target", type=float, default=2.0, help="the ratio to transformers to reach")
+    parser.add_argument("--target", type=target_ratio, default=2.0, help="the ratio to transformers to reach")
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)

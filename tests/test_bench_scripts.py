@@ -347,3 +347,13 @@ def test_serve_throughput_refuses_an_engine_it_cannot_build_before_any_request(a
     assert f"serve_throughput.py: error: {message}" in done.stderr
     assert "Traceback" not in done.stderr
     assert done.stdout == ""
+
+
+@pytest.mark.parametrize("target", ["nan", "inf", "-1", "x"])
+def test_cpu_decode_refuses_a_target_ratio_that_is_not_one(target):
+    """cpu_decode.py --target nan ran the whole benchmark to say "target nanx: NOT met", exit 1, whatever the ratio;
+    -1 was met by any."""
+    done = _run(str(ROOT / "bench" / "cpu_decode.py"), "--target", target)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert (f"argument --target: {target!r} is not a ratio to transformers: give a number, 0 or more, such as 2"
+            in done.stderr)
