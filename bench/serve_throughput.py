@@ -18,6 +18,7 @@ import asyncio
 import json
 import logging
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -152,7 +153,11 @@ def main() -> None:
         parser.error(str(error))
 
     if args.url:
-        results, elapsed = asyncio.run(run_clients(args.url, args))
+        try:
+            results, elapsed = asyncio.run(run_clients(args.url, args))
+        except httpx.HTTPError as error:  # no server there, or one that refuses the requests (a 404: not 'bench')
+            reason = str(error).partition("\n")[0]  # a status error's second line is a link to MDN
+            sys.exit(f"serve_throughput.py: a request to {args.url} failed: {type(error).__name__}: {reason}")
     else:
         engine = AsyncEngine(config)
         try:

@@ -357,3 +357,12 @@ def test_cpu_decode_refuses_a_target_ratio_that_is_not_one(target):
     assert done.returncode == 2, done.stderr[-2000:]
     assert (f"argument --target: {target!r} is not a ratio to transformers: give a number, 0 or more, such as 2"
             in done.stderr)
+
+
+def test_serve_throughput_says_on_one_line_that_a_request_to_its_url_failed():
+    """serve_throughput.py --url of a server that is not there ended in httpx's ConnectError, a stack trace."""
+    done = _run(str(ROOT / "bench" / "serve_throughput.py"), "--url", "http://127.0.0.1:9", "--model", "glimmer-nano")
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert done.stderr == ("serve_throughput.py: a request to http://127.0.0.1:9 failed: ConnectError: All connection "
+                           "attempts failed\n")
+    assert done.stdout == ""
