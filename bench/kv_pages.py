@@ -122,6 +122,13 @@ def pages_in(gib: float, page_bytes: int) -> int:
     return int(gib * GIB) // page_bytes
 
 
+def fullest_load(geometry: PageGeometry, sliding_window: int) -> tuple[Load, int]:
+    """The load that holds the most pages with every request at its longest at once, and those pages: a larger cache
+    runs every load as that one does (and one of millions of pages ended in a MemoryError)."""
+    load = max(LOADS, key=lambda load: load.requests * pages_a_request(load, geometry, sliding_window))
+    return load, load.requests * pages_a_request(load, geometry, sliding_window)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kv-gib", type=float, nargs="+", default=[7.2, 40.0],
@@ -132,6 +139,8 @@ def main() -> None:
     page_bytes = kv_bytes_per_page(text, BLOCK, torch.bfloat16)
     load, pages = largest_request(geometry, text.sliding_window)
     smallest_gib = pages * page_bytes / GIB
+    fullest, most_pages = fullest_load(geometry, text.sliding_window)
+    largest_gib = math.ceil(most_pages * page_bytes / GIB * 100) / 100  # as given: a size up to it holds them
     for gib in args.kv_gib:
         if not math.isfinite(gib):
             parser.error(f"argument --kv-gib: {gib:g} is not a size in GiB; give a number such as 7.2")
@@ -139,6 +148,10 @@ def main() -> None:
             parser.error(f"argument --kv-gib: {gib:g} GiB holds no request of the load {load.name} ({pages:,} pages, "
                          f"{smallest_gib:.2f} GiB, at its longest); give {math.ceil(smallest_gib * 100) / 100:.2f} or "
                          "more")
+        if gib > largest_gib:
+            parser.error(f"argument --kv-gib: {gib:g} GiB is more than its loads can fill ({most_pages:,} pages, "
+                         f"{most_pages * page_bytes / GIB:.2f} GiB: every request of {fullest.name} at its longest); "
+                         f"give {largest_gib:.2f} or less: a larger cache runs every load the same")
     print(f"30B geometry: {len(text.full_attention_layers)} full-attention and {len(text.sliding_attention_layers)} "
           f"sliding-window layers (window {text.sliding_window}); a page is {BLOCK} positions of "
           f"{geometry.page_layers} layers, {page_bytes:,} bytes; pages a block: {geometry.pages_per_block}")

@@ -366,3 +366,15 @@ def test_serve_throughput_says_on_one_line_that_a_request_to_its_url_failed():
     assert done.stderr == ("serve_throughput.py: a request to http://127.0.0.1:9 failed: ConnectError: All connection "
                            "attempts failed\n")
     assert done.stdout == ""
+
+
+def test_kv_pages_refuses_a_cache_larger_than_its_loads_can_fill():
+    """--kv-gib 100000 (500 million pages) ended in a MemoryError's stack trace after allocating what it could; a cache
+    past every request of every load at its longest runs them all as that one does."""
+    done = _run(str(ROOT / "bench" / "kv_pages.py"), "--kv-gib", "100000")
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert ("argument --kv-gib: 100000 GiB is more than its loads can fill (361,984 pages, 71.80 GiB: every request "
+            "of chat: 512 x 1K-in, max_tokens 4096, outputs 300 on average at its longest); give 71.81 or less: a "
+            "larger cache runs every load the same") in done.stderr
+    assert done.stdout == ""
+    assert "give 71.81 or less" in _run(str(ROOT / "bench" / "kv_pages.py"), "--kv-gib", "71.82").stderr
