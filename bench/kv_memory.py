@@ -18,6 +18,7 @@ from glimmer.engine.kv_cache_manager import FULL, SLIDING
 from glimmer.engine.kv_planner import kv_bytes_per_block
 from glimmer.engine.llm_engine import EngineConfig, LLMEngine
 from glimmer.engine.sampling_params import SamplingParams
+from glimmer.errors import ConfigError
 from glimmer.tiny import TinySpec, write_tiny_checkpoint
 
 
@@ -64,5 +65,9 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--window", type=positive_count, default=64,
                         help="the tiny model's sliding window (default 64)")
-    measure(window=parser.parse_args().window)
+    window = parser.parse_args().window
+    try:
+        measure(window=window)
+    except ConfigError as error:  # the tiny checkpoint's check of the window (past torch's int64), before any line
+        parser.error(f"argument --window: {error}")
     released_geometry()

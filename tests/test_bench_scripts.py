@@ -378,3 +378,12 @@ def test_kv_pages_refuses_a_cache_larger_than_its_loads_can_fill():
             "larger cache runs every load the same") in done.stderr
     assert done.stdout == ""
     assert "give 71.81 or less" in _run(str(ROOT / "bench" / "kv_pages.py"), "--kv-gib", "71.82").stderr
+
+
+def test_kv_memory_refuses_a_window_past_torchs_int64():
+    """kv_memory.py --window 99999999999999999999 ended in the tiny checkpoint's ConfigError, a stack trace."""
+    done = _run(str(ROOT / "bench" / "kv_memory.py"), "--window", "99999999999999999999")
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert ("kv_memory.py: error: argument --window: text_config.sliding_window=99999999999999999999 is invalid; "
+            "expected a positive integer of at most 2**63 - 1") in done.stderr
+    assert done.stdout == ""
