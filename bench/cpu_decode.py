@@ -35,6 +35,7 @@ from glimmer.model.kernels import cpu
 from glimmer.model.kernels.decoder_stack import stack_linear
 from glimmer.tiny import TinySpec, write_tiny_checkpoint
 
+SPARE_POSITIONS = 8  # the engine's context past a prompt and its new tokens
 SPEC = TinySpec(hidden_size=512, intermediate_size=2048, num_hidden_layers=8, num_attention_heads=8,
                 num_key_value_heads=4, head_dim=64, sliding_window=128)
 
@@ -158,6 +159,10 @@ def main() -> int:
     parser.add_argument("--threads", type=thread_count, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--target", type=target_ratio, default=2.0, help="the ratio to transformers to reach")
     args = parser.parse_args()
+    room = SPEC.max_position_embeddings - SPARE_POSITIONS
+    if args.prompt_tokens + args.new_tokens > room:
+        parser.error(f"argument --prompt-tokens: {args.prompt_tokens} prompt and {args.new_tokens} new tokens pass the "
+                     f"model's {SPEC.max_position_embeddings:,} positions: give at most {room:,} together")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     batches = args.batches
@@ -165,7 +170,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = write_tiny_checkpoint(Path(tmp) / "cpu-bench", spec=SPEC)
         llm = LLM(str(checkpoint), device="cpu", dtype="float32", max_num_seqs=max(batches),
-                  max_model_len=args.prompt_tokens + args.new_tokens + 8, progress=False)
+                  max_model_len=args.prompt_tokens + args.new_tokens + SPARE_POSITIONS, progress=False)
         reference = reference_model(checkpoint)
         matrices = weight_matrices(checkpoint)
     vocab = llm.engine.model_config.text.vocab_size

@@ -387,3 +387,13 @@ def test_kv_memory_refuses_a_window_past_torchs_int64():
     assert ("kv_memory.py: error: argument --window: text_config.sliding_window=99999999999999999999 is invalid; "
             "expected a positive integer of at most 2**63 - 1") in done.stderr
     assert done.stdout == ""
+
+
+def test_cpu_decode_refuses_prompts_and_outputs_past_its_models_context():
+    """cpu_decode.py --prompt-tokens 5000 ended in the engine's ConfigError for a max_model_len of 5,009, an option
+    this script does not have, a stack trace."""
+    done = _run(str(ROOT / "bench" / "cpu_decode.py"), "--prompt-tokens", "5000", "--new-tokens", "16")
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert ("cpu_decode.py: error: argument --prompt-tokens: 5000 prompt and 16 new tokens pass the model's 4,096 "
+            "positions: give at most 4,088 together") in done.stderr
+    assert done.stdout == ""
