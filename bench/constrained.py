@@ -35,6 +35,8 @@ SCHEMA = {
               "required": ["name", "count", "ok"]},
 }
 PROMPT = "List the items as JSON:"
+MAX_MODEL_LEN = 1024
+PROMPT_ROOM = 64  # positions kept for PROMPT's tokens, 23 characters, in any tokenizer
 
 
 class _TimedMasks(GrammarMasks):
@@ -87,6 +89,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=positive_count, default=2)
     parser.add_argument("--preset", choices=("tiny", "30b"), default="tiny")
     args = parser.parse_args()
+    most_tokens = (MAX_MODEL_LEN - PROMPT_ROOM) // 2
+    if args.max_tokens > most_tokens:  # a sequence cut by the context ended in run's AssertionError
+        parser.error(f"argument --max-tokens: {args.max_tokens} does not fit: a run generates twice --max-tokens after "
+                     f"its prompt within {MAX_MODEL_LEN:,} positions; give at most {most_tokens}")
     logging.basicConfig(level=logging.WARNING)
     batches = args.batches
     with tempfile.TemporaryDirectory() as scratch:
@@ -99,7 +105,8 @@ def main() -> None:
                             num_hidden_layers=args.layers, head_dim=args.hidden_size // 4)
             model = str(write_tiny_checkpoint(Path(scratch), spec=spec))
         try:
-            llm = LLM(model, progress=False, max_num_seqs=max(batches), max_model_len=1024, load_format=load_format)
+            llm = LLM(model, progress=False, max_num_seqs=max(batches), max_model_len=MAX_MODEL_LEN,
+                      load_format=load_format)
         except GlimmerError as error:
             if args.model is None:  # a checkpoint this script wrote
                 raise

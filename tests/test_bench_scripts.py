@@ -397,3 +397,13 @@ def test_cpu_decode_refuses_prompts_and_outputs_past_its_models_context():
     assert ("cpu_decode.py: error: argument --prompt-tokens: 5000 prompt and 16 new tokens pass the model's 4,096 "
             "positions: give at most 4,088 together") in done.stderr
     assert done.stdout == ""
+
+
+def test_constrained_refuses_a_token_count_its_context_cannot_hold():
+    """constrained.py --max-tokens 2000 loaded the model, then ended in "AssertionError: a sequence ended early":
+    each run generates twice --max-tokens after the prompt, within the engine's 1,024 positions."""
+    done = _run(str(ROOT / "bench" / "constrained.py"), "--max-tokens", "2000")
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert ("constrained.py: error: argument --max-tokens: 2000 does not fit: a run generates twice --max-tokens after "
+            "its prompt within 1,024 positions; give at most 480") in done.stderr
+    assert done.stdout == ""
