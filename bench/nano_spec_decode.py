@@ -40,9 +40,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--prompts", type=positive_count, default=64)
-    parser.add_argument("--single", type=positive_count, default=16, help="prompts decoded one at a time")
+    parser.add_argument("--single", type=positive_count, default=None,
+                        help="prompts decoded one at a time (default: 16, or --prompts where fewer)")
     parser.add_argument("--max-tokens", type=positive_count, default=256)
     args = parser.parse_args()
+    if args.single is None:
+        args.single = min(16, args.prompts)
+    elif args.single > args.prompts:  # the row would decode --prompts of them, labelled --single
+        parser.error(f"argument --single: {args.single} prompts one at a time are more than --prompts {args.prompts}: "
+                     f"give at most {args.prompts}")
     logging.basicConfig(level=logging.WARNING)
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
     # two engines in one process: each gets a KV cache of its own size, not a share of free device memory;

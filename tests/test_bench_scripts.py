@@ -407,3 +407,13 @@ def test_constrained_refuses_a_token_count_its_context_cannot_hold():
     assert ("constrained.py: error: argument --max-tokens: 2000 does not fit: a run generates twice --max-tokens after "
             "its prompt within 1,024 positions; give at most 480") in done.stderr
     assert done.stdout == ""
+
+
+def test_nano_spec_decode_refuses_more_single_prompts_than_prompts():
+    """nano_spec_decode.py --prompts 4 --single 16 decoded 4 prompts one at a time and labelled the row "one at a time
+    (16)"; so did --prompts 4 alone, --single being 16 by default (now 16 or --prompts, where fewer)."""
+    done = _run(str(ROOT / "bench" / "nano_spec_decode.py"), "--prompts", "4", "--single", "16")
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert ("nano_spec_decode.py: error: argument --single: 16 prompts one at a time are more than --prompts 4: give "
+            "at most 4") in done.stderr
+    assert done.stdout == ""
