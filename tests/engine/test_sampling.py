@@ -521,6 +521,12 @@ def test_the_start_up_log_names_the_checkpoint_defaults_requests_take(tiny_check
             "temperature=0.6, top_k=20, max_tokens=7 (LLM(..., generation_config='vllm') for vLLM's plain defaults)"
             ) in caplog.text
     caplog.clear()
+    with caplog.at_level("INFO"):  # the engine of glimmer serve, run-batch and an in-process glimmer chat
+        engine = AsyncEngine(EngineConfig(model=str(model), progress=False, kv_cache_memory=8 << 20))
+    engine.shutdown()
+    assert ("requests that leave them out take the checkpoint's sampling defaults: temperature=0.6, top_k=20, "
+            "max_tokens=7 (--generation-config vllm for OpenAI's defaults)") in caplog.text
+    caplog.clear()
     with caplog.at_level("INFO"):  # under --generation-config vllm no request takes them: nothing is said
         engine = AsyncEngine(EngineConfig(model=str(model), progress=False, kv_cache_memory=8 << 20),
                              generation_config="vllm")
