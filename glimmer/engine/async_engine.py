@@ -153,8 +153,11 @@ class AsyncEngine:
         self.generation_config = generation_config
         self.engine = LLMEngine(config)
         if generation_config == "auto":
+            # completions keep OpenAI's max_tokens of 16 (glimmer/server/sampling.py)
             log_sampling_defaults(self.engine.generation_defaults, "requests that leave them out",
-                                  "--generation-config vllm for OpenAI's defaults")
+                                  "--generation-config vllm for OpenAI's defaults",
+                                  max_tokens_scope="in chat and Responses requests (completions keep OpenAI's 16 "
+                                                   "unless they send max_tokens: null)")
             warn_of_default_repetition_penalty(self.engine.generation_defaults, "requests that leave it out",
                                                "start with --generation-config vllm, or send repetition_penalty 1 in "
                                                "each request, to turn it off")

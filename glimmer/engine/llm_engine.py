@@ -104,14 +104,17 @@ def warn_of_default_repetition_penalty(defaults: GenerationDefaults, penalized: 
                        penalized, turn_off)
 
 
-def log_sampling_defaults(defaults: GenerationDefaults, takers: str, opt_out: str) -> None:
+def log_sampling_defaults(defaults: GenerationDefaults, takers: str, opt_out: str, *,
+                          max_tokens_scope: str = "") -> None:
     """Say at start which of the checkpoint's sampling defaults `takers` (the requests or calls that leave a field
     out) are given, and how to `opt_out`, as vLLM logs that its generation config overrides its defaults; nothing
-    where the checkpoint sets none. Only the caller knows who takes them (none under generation_config="vllm")."""
+    where the checkpoint sets none. Only the caller knows who takes them (none under generation_config="vllm"), and
+    `max_tokens_scope`, written after the max_tokens default, where only some of `takers` take that one."""
     fields = defaults.sampling_defaults()
     if fields:
-        logger.info("%s take the checkpoint's sampling defaults: %s (%s)", takers,
-                    ", ".join(f"{name}={value}" for name, value in fields.items()), opt_out)
+        shown = [f"{name}={value}" + (f" {max_tokens_scope}" if name == "max_tokens" and max_tokens_scope else "")
+                 for name, value in fields.items()]
+        logger.info("%s take the checkpoint's sampling defaults: %s (%s)", takers, ", ".join(shown), opt_out)
 
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

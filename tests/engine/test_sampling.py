@@ -524,8 +524,10 @@ def test_the_start_up_log_names_the_checkpoint_defaults_requests_take(tiny_check
     with caplog.at_level("INFO"):  # the engine of glimmer serve, run-batch and an in-process glimmer chat
         engine = AsyncEngine(EngineConfig(model=str(model), progress=False, kv_cache_memory=8 << 20))
     engine.shutdown()
+    # completions keep OpenAI's max_tokens of 16 (README): the line said all requests that leave it out take 7
     assert ("requests that leave them out take the checkpoint's sampling defaults: temperature=0.6, top_k=20, "
-            "max_tokens=7 (--generation-config vllm for OpenAI's defaults)") in caplog.text
+            "max_tokens=7 in chat and Responses requests (completions keep OpenAI's 16 unless they send max_tokens: "
+            "null) (--generation-config vllm for OpenAI's defaults)") in caplog.text
     caplog.clear()
     with caplog.at_level("INFO"):  # under --generation-config vllm no request takes them: nothing is said
         engine = AsyncEngine(EngineConfig(model=str(model), progress=False, kv_cache_memory=8 << 20),
