@@ -517,7 +517,9 @@ class _RequestIdHeaders(_HttpMiddleware):
     """vLLM's --enable-request-id-headers: every response carries `X-Request-Id`, the request's, or one made here
     when it sent none, which the request then carries on (a completion's id is built on it, as on a client's).
     An id the server refuses (request_id.is_taken) is not reflected: the response carries one made for it, as a
-    header 5,000 characters long or of bytes outside ASCII, echoed, would reach the client's logs and proxies."""
+    header 5,000 characters long or of bytes outside ASCII, echoed, would reach the client's logs and proxies. The
+    made one is kept as for a request that sent none, so a route that takes no header id (/v1/responses) is named
+    by it; a route that takes the header's still refuses the client's (400)."""
 
     async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         name = REQUEST_ID_HEADER.lower().encode()
@@ -525,8 +527,10 @@ class _RequestIdHeaders(_HttpMiddleware):
         state: dict[str, Any] = {}
         if sent_ids and is_taken([value.decode("latin-1") for value in sent_ids]):
             request_id = sent_ids[0]
-        elif sent_ids:  # the response's alone: the route refuses the request's own
+        elif sent_ids:  # made as for none sent; the header stays, for a route that reads it to refuse (400)
             request_id = uuid.uuid4().hex.encode()
+            state = {**scope.get("state", {}), MADE_ID: request_id.decode()}
+            scope = {**scope, "state": state}
         else:  # made here (an empty header is none); a body's `request_id` replaces it
             request_id = uuid.uuid4().hex.encode()
             state = {**scope.get("state", {}), MADE_ID: request_id.decode()}

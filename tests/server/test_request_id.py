@@ -215,3 +215,11 @@ def test_request_id_headers_name_a_responses_request_by_its_id(make_tiny):
         assert made.json()["id"] == f"resp_{made.headers['x-request-id']}"
         echoed = _post(server, "/responses", RESPONSE, {"X-Request-Id": "trace-9"})
         assert echoed.headers["x-request-id"] == "trace-9" and echoed.json()["id"].startswith("resp_")
+        # an id the server refuses is as none sent: the response was named by neither it nor the one made for it
+        for headers in ({"X-Request-Id": "x" * 5000}, [("X-Request-Id", "a"), ("X-Request-Id", "b")]):
+            refused = _post(server, "/responses", RESPONSE, headers)
+            assert refused.status_code == 200, refused.text
+            assert re.fullmatch("[0-9a-f]{32}", refused.headers["x-request-id"]), refused.headers["x-request-id"]
+            assert refused.json()["id"] == f"resp_{refused.headers['x-request-id']}"
+            named = _post(server, "/responses", {**RESPONSE, "request_id": "order-10"}, headers)
+            assert (named.json()["id"], named.headers["x-request-id"]) == ("order-10", "order-10")
