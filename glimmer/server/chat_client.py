@@ -222,6 +222,8 @@ def stream_chat_completion(url: str, payload: dict[str, Any], api_key: str | Non
                                   "larger than its limit: `glimmer serve --max-request-bytes`, 4 MiB by default)"
                                   ) from None
         raise ChatClientError(f"cannot reach {url}: {error.reason}") from None
+    except http.client.HTTPException as error:
+        raise _not_http(url, error) from None
     with response:
         try:
             # (a stream without a Content-Type, which a server of a few lines may send, is read as one)
@@ -234,6 +236,14 @@ def stream_chat_completion(url: str, payload: dict[str, Any], api_key: str | Non
             raise ChatClientError(f"the server sent an event that is not JSON ({error})") from None
     if not done:
         raise ChatClientError(f"the reply from {url} ended before it finished (no [DONE])")
+
+
+def _not_http(url: str, error: http.client.HTTPException) -> ChatClientError:
+    """The error for an answer http.client could not read as HTTP (BadStatusLine: whatever listens at `url` is no
+    HTTP server), which urllib passes on as it is, neither an OSError nor a URLError. The answer's text is shown as
+    a terminal may print it: it is whatever the other end sent."""
+    return ChatClientError(f"{url} did not answer in HTTP ({type(error).__name__}: {terminal_text(str(error).strip())}"
+                           "); give the address of an OpenAI-compatible server, e.g. http://127.0.0.1:8000")
 
 
 def _refuse_whole_reply(url: str, response: http.client.HTTPResponse) -> NoReturn:
@@ -316,6 +326,8 @@ def check_server(url: str, api_key: str | None = None, model: str | None = None,
                                   f"serve` without --ssl-keyfile); give {plain}") from None
         raise ChatClientError(f"cannot reach {url}: {reason}; start the server there (`glimmer serve`), or give the "
                               "address it listens on, e.g. http://127.0.0.1:8000") from None
+    except http.client.HTTPException as error:
+        raise _not_http(url, error) from None
     try:
         cards = [card for card in json.loads(body)["data"] if isinstance(card["id"], str)]
     except (ValueError, KeyError, TypeError):

@@ -93,12 +93,12 @@ def test_a_server_that_repeats_the_call_id_in_every_delta_gives_one_call():
 
 
 @contextlib.contextmanager
-def canned_server(replies: list[tuple[int, bytes] | tuple[int, bytes, dict[str, str]]]
+def canned_server(replies: list[tuple[int | None, bytes] | tuple[int, bytes, dict[str, str]]]
                   ) -> Iterator[tuple[str, list[dict]]]:
     """A server answering each request with the next (status, body) of `replies` (a 200 to a POST as an event
     stream), or (status, body, headers), whose headers replace those it would send (a Content-Length longer than the
-    body: the connection closes mid-body; None: that header left out); yields its address and the list the POSTs'
-    JSON bodies are appended to."""
+    body: the connection closes mid-body; None: that header left out), or (None, bytes), the bytes alone, no HTTP;
+    yields its address and the list the POSTs' JSON bodies are appended to."""
     bodies, seen = iter(replies), []
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -109,6 +109,9 @@ def canned_server(replies: list[tuple[int, bytes] | tuple[int, bytes, dict[str, 
             if self.command == "POST":
                 seen.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
             status, body, *given = next(bodies)
+            if status is None:
+                self.wfile.write(body)
+                return
             self.send_response(status)
             headers = {"Content-Length": str(len(body))}
             if status == 200 and self.command == "POST":
@@ -157,6 +160,20 @@ def test_a_servers_refusal_of_the_check_shows_its_control_characters_as_symbols(
         check_server(address)
     assert "\x1b" not in str(refused.value) and "\x07" not in str(refused.value)
     assert "no \u241b[2J\u241b]0;title\u2407 model" in str(refused.value)
+
+
+def test_an_answer_that_is_not_http_is_one_line_with_its_control_characters_as_symbols():
+    """Whatever answered at the address with a line that is no HTTP status line (http.client's BadStatusLine, neither
+    an OSError nor a URLError) ended `glimmer chat --url` in a traceback holding the line's escapes as sent."""
+    answer = b"\x1b]0;pwned\x07 HELLO\r\n"
+    with canned_server([(None, answer)] * 2) as (address, _):
+        with pytest.raises(ChatClientError) as refused:
+            check_server(address)
+        text = chat_text(address, ["hi"])
+    assert str(refused.value).startswith(f"{address} did not answer in HTTP (BadStatusLine: ")
+    assert "\u241b]0;pwned\u2407 HELLO" in str(refused.value) and "\x1b" not in str(refused.value)
+    assert f"error: {address} did not answer in HTTP (BadStatusLine: " in text
+    assert "\x1b" not in text and "\x07" not in text and "Traceback" not in text
 
 
 def test_a_broken_stream_is_a_chat_error_and_the_turn_is_dropped():
