@@ -287,13 +287,14 @@ def prompt_threads(messages: Any, context: ServingContext) -> CapacityLimiter | 
 
 
 def _over_the_media_limit(param: str, kind: str, limit: int) -> str:
-    """The refusal of the `kind` part at `param`, one past the server's `limit` of them a request: at 0 the server
-    takes none ("more than 0 images" read as a count the request could meet)."""
+    """The refusal of the `kind` part at `param`, one past the `limit` of them a request: at 0 none is taken ("more
+    than 0 images" read as a count the request could meet). The limit is glimmer serve's or run-batch's, which the
+    routes do not know: each command's flags are named with it, as the media sources name theirs."""
     if limit == 0:
-        return (f"{param}: {kind}s are disabled on this server (--max-{kind}s-per-request 0, or --limit-mm-per-prompt "
-                f"{kind}=0); send the request without {kind}s")
-    return (f"{param}: more than {limit} {kind}s in one request (the server's limit: --max-{kind}s-per-request, or "
-            "--limit-mm-per-prompt)")
+        return (f"{param}: {kind}s are disabled (glimmer serve --max-{kind}s-per-request 0 or --limit-mm-per-prompt "
+                f"{kind}=0, run-batch --limit-mm-per-prompt {kind}=0); send the request without {kind}s")
+    return (f"{param}: more than {limit} {kind}s in one request (the limit: glimmer serve --max-{kind}s-per-request "
+            "or --limit-mm-per-prompt, run-batch --limit-mm-per-prompt)")
 
 
 class MediaLimitError(RequestError):

@@ -391,7 +391,8 @@ def test_run_batch_writes_a_record_for_each_line_and_exits_0(tiny_checkpoint, tm
 def test_run_batch_takes_vllms_limit_mm_per_prompt(make_tiny, tmp_path):
     """`vllm run-batch ... --limit-mm-per-prompt '{"image": 0}'` was refused as an unrecognized argument (serve took
     it): a request with more images than it allows gets a 400 record naming the image over the limit (refused
-    before it is read); at 0 it says images are disabled, where it said "more than 0 images"."""
+    before it is read); at 0 it says images are disabled, where it said "more than 0 images", and names run-batch's
+    flag, where it said "on this server (--max-images-per-request 0, ...)", neither of which run-batch has."""
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
     source, out = tmp_path / "requests.jsonl", tmp_path / "results.jsonl"
     source.write_text(_line("two", "/v1/chat/completions", {
@@ -403,8 +404,9 @@ def test_run_batch_takes_vllms_limit_mm_per_prompt(make_tiny, tmp_path):
     assert record["response"]["status_code"] == 400
     error = record["error"]["error"]
     assert error["param"] == "messages[0].content[0]"
-    assert error["message"].startswith("messages[0].content[0]: images are disabled on this server"), error["message"]
-    assert "--limit-mm-per-prompt image=0" in error["message"] and "more than 0" not in error["message"]
+    assert error["message"].startswith("messages[0].content[0]: images are disabled ("), error["message"]
+    assert "run-batch --limit-mm-per-prompt image=0" in error["message"], error["message"]
+    assert "more than 0" not in error["message"] and "on this server" not in error["message"]
 
 
 def test_a_record_stays_one_line_for_readers_that_split_at_unicode_line_breaks(tiny_checkpoint, tmp_path):
