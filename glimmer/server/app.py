@@ -37,7 +37,7 @@ from glimmer.server.context import ServingContext
 from glimmer.server.errors import APIError, error_body, error_response
 from glimmer.server.invocations import invoke
 from glimmer.server.metrics import ServerMetrics
-from glimmer.server.request_id import CLIENT_HEADER_COUNT, MADE_ID, RESPONSES_ROUTES, is_taken
+from glimmer.server.request_id import CLIENT_HEADER_COUNT, MADE_ID, RESPONSES_ROUTES, is_acceptable_id
 from glimmer.server.request_id import HEADER as REQUEST_ID_HEADER
 from glimmer.server.responses import (
     cancel_response,
@@ -516,16 +516,16 @@ class _HeaderCountLimit(_HttpMiddleware):
 class _RequestIdHeaders(_HttpMiddleware):
     """vLLM's --enable-request-id-headers: every response carries `X-Request-Id`, the request's, or one made here
     when it sent none, which the request then carries on (a completion's id is built on it, as on a client's).
-    An id the server refuses (request_id.is_taken) is not reflected: the response carries one made for it, as a
-    header 5,000 characters long or of bytes outside ASCII, echoed, would reach the client's logs and proxies. The
-    made one is kept as for a request that sent none, so a route that takes no header id (/v1/responses) is named
-    by it; a route that takes the header's still refuses the client's (400)."""
+    An id the server refuses (not request_id.is_acceptable_id) is not reflected: the response carries one made for
+    it, as a header 5,000 characters long or of bytes outside ASCII, echoed, would reach the client's logs and
+    proxies. The made one is kept as for a request that sent none, so a route that takes no header id (/v1/responses)
+    is named by it; a route that takes the header's still refuses the client's (400)."""
 
     async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         name = REQUEST_ID_HEADER.lower().encode()
         sent_ids = [value for key, value in scope["headers"] if key == name and value]
         state: dict[str, Any] = {}
-        if sent_ids and is_taken([value.decode("latin-1") for value in sent_ids]):
+        if sent_ids and is_acceptable_id([value.decode("latin-1") for value in sent_ids]):
             request_id = sent_ids[0]
         elif sent_ids:  # made as for none sent; the header stays, for a route that reads it to refuse (400)
             request_id = uuid.uuid4().hex.encode()

@@ -79,11 +79,16 @@ def _body_id(raw_request: Request, body_id: str) -> str:
     return chosen
 
 
-def is_taken(header_values: list[str]) -> bool:
+def is_acceptable_id(header_values: list[str]) -> bool:
     """Whether the `X-Request-Id` header's values (Latin-1 text, as the server reads them) are an id the server takes:
-    one, of visible ASCII, at most MAX_CHARS long (`client_request_id` refuses any other)."""
-    return len(header_values) == 1 and len(header_values[0]) <= MAX_CHARS and \
-        _PRINTABLE.fullmatch(header_values[0]) is not None
+    exactly one, passing `_checked` (`client_request_id` refuses any other)."""
+    if len(header_values) != 1:
+        return False
+    try:
+        _checked(header_values[0], HEADER)
+    except RequestError:
+        return False
+    return True
 
 
 def _checked(value: str, name: str, shown: str | None = None) -> str:
