@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 from glimmer.default_model import DEFAULT_MODEL_BLURB, DEFAULT_MODEL_NAME, EMBEDDED_MODEL_NAMES
 from glimmer.engine.sampling_params import SEED_RANGE
 from glimmer.errors import ConfigError, GlimmerError, RequestError
-from glimmer.multimodal.settings import NOT_A_HOST_NAME, MediaFetchPolicy, MediaLimits, host_name
+from glimmer.multimodal.settings import BLANK_MEDIA_DIRECTORY, NOT_A_HOST_NAME, MediaFetchPolicy, MediaLimits, host_name
 from glimmer.server.settings import (
     API_KEY_ROUTES,
     DEFAULT_MAX_REQUEST_BYTES,
@@ -1486,9 +1486,10 @@ def _check_served_model_names(args: argparse.Namespace) -> None:
 
 def _check_media_options(args: argparse.Namespace) -> None:
     for directory in args.allowed_local_media_path:
-        # Path("") is the working directory, every image under it then readable by any request
-        _refuse_empty_argument(directory, "--allowed-local-media-path", "give an existing directory whose images and "
-                                                                        "videos requests may name")
+        try:
+            MediaFetchPolicy.create([directory])  # refuses a blank one, which Path reads as the working directory
+        except ConfigError:  # worded for the policy's field, not the option
+            raise UsageError(f"--allowed-local-media-path {directory!r} {BLANK_MEDIA_DIRECTORY}") from None
         if not Path(directory).expanduser().is_dir():
             raise UsageError(f"--allowed-local-media-path {directory}: no such directory; give an existing "
                              "directory whose images and videos requests may name")

@@ -65,10 +65,8 @@ def media_fetch_policy(allowed_local_media_path: object = None, allow_remote_med
         if values is not None and not isinstance(values, list | tuple):
             raise ConfigError(f"{name}={values!r} must be a list of {what} (or None for none)")
     for directory in allowed_local_media_path or ():
-        if isinstance(directory, str | os.PathLike) and not os.fspath(directory).strip():
-            # Path("") is the working directory, every image under it then readable by any prompt
-            raise ConfigError(f"allowed_local_media_path: {directory!r} is empty, which would name the current "
-                              "directory; give the directories whose images and videos prompts may name")
+        if isinstance(directory, str | os.PathLike):
+            MediaFetchPolicy.create([directory])  # refuses a blank one, which Path reads as the working directory
         if not isinstance(directory, str | os.PathLike) or not Path(directory).expanduser().is_dir():
             raise ConfigError(f"allowed_local_media_path: {directory!r} is not an existing directory; give the "
                               "directories whose images and videos prompts may name")

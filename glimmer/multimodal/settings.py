@@ -184,7 +184,12 @@ class MediaFetchPolicy:
     @classmethod
     def create(cls, allowed_local_paths: list[str | os.PathLike] | None = None, *,
                allowed_domains: list[str] | None = None, **kwargs: Any) -> MediaFetchPolicy:
-        """A policy from operator input: paths resolved, domain names normalized (lower case, no final dot)."""
+        """A policy from operator input: paths resolved, domain names normalized (lower case, no final dot). Raises
+        ConfigError for a blank path (BLANK_MEDIA_DIRECTORY) and a domain that is no host name (NOT_A_HOST_NAME)."""
+        for path in allowed_local_paths or []:
+            # Path("") is the working directory, every image under it then readable by any request
+            if not os.fspath(path).strip():
+                raise ConfigError(f"allowed_local_media_path: {path!r} {BLANK_MEDIA_DIRECTORY}")
         roots = tuple(Path(p).expanduser().resolve() for p in (allowed_local_paths or []))
         domains = tuple(host_name(name) for name in (allowed_domains or []))
         return cls(allowed_local_paths=roots, allowed_domains=domains, **kwargs)
@@ -197,6 +202,8 @@ class MediaFetchPolicy:
         return self.allow_remote or host in self.allowed_domains
 
 
+BLANK_MEDIA_DIRECTORY = ("is blank (empty or white space alone, as an unset variable's \"$DIR\" gives), which names no "
+                         "directory meant; give the directories whose images and videos may be named")
 NOT_A_HOST_NAME = "is not a host name; give names like images.internal or 10.0.0.5, without scheme, port or path"
 
 

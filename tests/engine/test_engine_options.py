@@ -75,8 +75,8 @@ def test_a_count_past_int64_is_refused_naming_it_before_anything_loads(option, v
                                          "\\['/tmp'\\] for one"),
     ("allowed_local_media_path", ["/nonexistent/images"], "allowed_local_media_path: '/nonexistent/images' is not "
                                                           "an existing directory"),
-    ("allowed_local_media_path", [""], "allowed_local_media_path: '' is empty, which would name the current "
-                                       "directory"),
+    ("allowed_local_media_path", [""], "allowed_local_media_path: '' is blank .* which names no directory meant"),
+    ("allowed_local_media_path", ["  "], "allowed_local_media_path: '  ' is blank .* which names no directory meant"),
     ("allowed_media_domains", "images.internal", "allowed_media_domains='images.internal' must be a list of host "
                                                  "names; pass \\['images.internal'\\] for one"),
     ("allowed_media_domains", [5], "allowed_media_domains: 5 is not a host name"),

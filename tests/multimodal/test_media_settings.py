@@ -10,6 +10,7 @@ import pytest
 from glimmer.checkpoint.config import VisionConfig, reference_vision_layer_types
 from glimmer.errors import ConfigError
 from glimmer.multimodal import MediaLimits, MediaSettings, checkpoint_media_settings, load_media_settings
+from glimmer.multimodal.settings import MediaFetchPolicy
 
 # what transformers' save_pretrained writes for the released processors (architecture.md §6, §7)
 IMAGE_CONFIG = {
@@ -197,3 +198,16 @@ def test_a_media_limit_error_names_the_fix_that_meets_that_limit(width, height, 
     with pytest.raises(MediaLimitError) as err:
         MediaLimits().check_frame_size("image", 0, width, height)
     assert str(err.value).endswith(f"; {fix}")
+
+
+@pytest.mark.parametrize("blank", ["", "  ", "\t"])
+def test_a_blank_media_directory_is_refused_where_every_policy_is_made(blank, tmp_path) -> None:
+    """MediaFetchPolicy.create took "" as the working directory (every image under it readable); the CLI and LLM(...)
+    each refused it first, in words of their own, and said "'  ' is empty, which would name the current directory"
+    of a path naming a folder of two spaces."""
+    with pytest.raises(ConfigError) as refused:
+        MediaFetchPolicy.create([tmp_path, blank])
+    assert str(refused.value) == (f"allowed_local_media_path: {blank!r} is blank (empty or white space alone, as an "
+                                  "unset variable's \"$DIR\" gives), which names no directory meant; give the "
+                                  "directories whose images and videos may be named")
+    assert MediaFetchPolicy.create([tmp_path]).allowed_local_paths == (tmp_path.resolve(),)

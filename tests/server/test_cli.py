@@ -2155,9 +2155,11 @@ def test_an_empty_media_directory_is_refused_not_read_as_the_working_directory(c
     """`--allowed-local-media-path "$MEDIA_DIR"` with MEDIA_DIR unset gave "", which Path reads as the current
     directory: every image under the server's working directory (all of them, for a service started in /) could be
     read by any request."""
-    err = _fails_with_one_line(capsys, ["serve", str(tmp_path / "missing"), "--port", str(free_port()),
-                                        "--allowed-local-media-path", ""], "--allowed-local-media-path is empty")
-    assert "missing" not in err
+    for blank in ("", "  "):
+        err = _fails_with_one_line(capsys, ["serve", str(tmp_path / "missing"), "--port", str(free_port()),
+                                            "--allowed-local-media-path", blank],
+                                   f"--allowed-local-media-path {blank!r} is blank", "names no directory meant")
+        assert "missing" not in err
 
 
 @pytest.mark.parametrize("command", [["serve"], ["run-batch", "-i", "in.jsonl", "-o", "out.jsonl"]])
