@@ -1190,7 +1190,7 @@ def _chat(args: argparse.Namespace, sigterm: SigtermWatch) -> int:
         logging.getLogger("glimmer.protocol").setLevel(logging.ERROR)
     _note_vllm_engine_options(args)
     if args.limit_mm_per_prompt is not None:
-        print(f"vLLM's --limit-mm-per-prompt {_shown_value(args.limit_mm_per_prompt)} changes nothing here: the "
+        print(f"vLLM's --limit-mm-per-prompt {args.limit_mm_per_prompt.given} changes nothing here: the "
               "terminal chat sends text only, no images or videos", file=sys.stderr)
     engine, name = _engine_from_args(args)
     default_note = _default_model_note(args)
@@ -1735,7 +1735,16 @@ _MEDIA_LIMIT_SIZES = {"image": ("width", "height"), "video": ("num_frames", "wid
 dummy media vLLM profiles its memory with, which change nothing here (Glimmer profiles no dummy media)."""
 
 
-def _limit_mm_per_prompt(text: str) -> dict[str, int]:
+class _MediaLimitCounts(dict[str, int]):
+    """--limit-mm-per-prompt's counts by kind, which the limits take, and `given`, the option's value as the command
+    line gave it (its dotted keys joined), which a note repeats: the counts alone drop vLLM's profiling sizes."""
+
+    def __init__(self, given: str):
+        super().__init__()
+        self.given = given
+
+
+def _limit_mm_per_prompt(text: str) -> _MediaLimitCounts:
     """vLLM's --limit-mm-per-prompt: a JSON object (or `image=N,video=M`) of the most images and videos a request
     may hold, each a count or, as newer vLLM takes it, an object of its `count` and profiling sizes (taken, changing
     nothing; without a count the kind keeps its default). Returns the counts given, by kind."""
@@ -1747,7 +1756,7 @@ def _limit_mm_per_prompt(text: str) -> dict[str, int]:
         raise wrong from None
     if not isinstance(limits, dict) or not limits:
         raise wrong
-    counts = {}
+    counts = _MediaLimitCounts(text)
     for key, value in limits.items():
         if key not in _MEDIA_LIMIT_SIZES:
             raise argparse.ArgumentTypeError(f"{key!r}: this model takes images and videos only")

@@ -1488,8 +1488,12 @@ def test_chat_takes_vllms_limit_mm_per_prompt_in_process_and_refuses_it_with_a_u
     from glimmer.cli import main
 
     assert main(["chat", str(tmp_path / "missing"), "--limit-mm-per-prompt", "image=2"]) == 2  # noted, then loading
-    assert "vLLM's --limit-mm-per-prompt {\"image\": 2} changes nothing here: the terminal chat sends text only" in (
+    assert "vLLM's --limit-mm-per-prompt image=2 changes nothing here: the terminal chat sends text only" in (
         capsys.readouterr().err)
+    # the value as given, not the counts read from it: this one was shown as {"image": 4}
+    given = '{"image": {"count": 4, "width": 512}, "video": {"num_frames": 8}}'
+    assert main(["chat", str(tmp_path / "missing"), "--limit-mm-per-prompt", given]) == 2
+    assert f"vLLM's --limit-mm-per-prompt {given} changes nothing here" in capsys.readouterr().err
     _fails_with_one_line(capsys, ["chat", "--url", "http://127.0.0.1:9", "--limit-mm-per-prompt", "image=2"],
                          "--limit-mm-per-prompt would be ignored")
 
