@@ -199,46 +199,63 @@ def _read_local(path_text: str, kind: str, index: int, policy: MediaFetchPolicy)
     return data
 
 
-# Someone writing into an allowed directory can swap a checked file before it is opened: O_NONBLOCK opens a FIFO put
-# there at once (to be refused as no regular file) where a read would wait for a writer for ever, O_NOFOLLOW does not
-# follow a symlink put there (ELOOP). Windows has neither.
-_LOCAL_OPEN_FLAGS = (os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
-                     | getattr(os, "O_BINARY", 0))
-
-
 def _is_under(path: Path, roots: Sequence[Path]) -> bool:
     return any(path.is_relative_to(root) for root in roots)
 
 
+# Someone writing into an allowed directory can swap a checked file, or a directory above it, before it is opened. So
+# the checked path is walked from the allowed directory, each component opened in the one before it without following
+# a symlink (ELOOP), a directory as one (ENOTDIR): a symlink swapped in anywhere is refused before anything it names is
+# opened. The file is opened without waiting on a FIFO put there (O_NONBLOCK; a read would wait for a writer for ever)
+# or making a terminal the server's (O_NOCTTY), to be refused as no regular file. Where os.open takes no directory
+# descriptor (Windows), the file is opened by its path, which is then checked again.
+_OPEN_WALKS_FROM_A_DIRECTORY = os.open in os.supports_dir_fd
+_DIRECTORY_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
+_FILE_OPEN_FLAGS = (os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+                    | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0))
+
+
 @contextmanager
 def _open_as_checked(checked: Path, roots: Sequence[Path]) -> Iterator[tuple[BinaryIO, int]]:
-    """(the file, its size in bytes) of `checked`, a path resolved under `roots`, once what was opened is checked
-    through its descriptor: a regular file whose real path lies under `roots` (a directory above it swapped for a
-    symlink out of them is seen here). Raises OSError for anything else, or if it cannot be opened."""
-    fd = os.open(checked, _LOCAL_OPEN_FLAGS)
+    """(the file, its size in bytes) of `checked`, a path resolved under `roots`, opened by walking it from its
+    allowed directory (`_open_under_root`) and checked as opened to be a regular file. Raises OSError for anything
+    else, or if it cannot be opened."""
+    fd = _open_under_root(checked, roots) if _OPEN_WALKS_FROM_A_DIRECTORY else _open_and_resolve_again(checked)
     with os.fdopen(fd, "rb") as file:
         opened = os.fstat(fd)
         if not stat.S_ISREG(opened.st_mode):
             raise OSError(errno.EINVAL, "not a regular file", str(checked))
-        if not _is_under(_real_path(fd, opened, checked), roots):
-            raise OSError(errno.EACCES, "opened outside the allowed directories", str(checked))
         yield file, opened.st_size
 
 
-def _real_path(fd: int, opened: os.stat_result, checked: Path) -> Path:
-    """The real path of the file open as `fd`, as Linux's /proc names it; elsewhere `checked` resolved again, if it
-    still names that file (its st_dev and st_ino). Raises OSError if it does not."""
+def _open_under_root(checked: Path, roots: Sequence[Path]) -> int:
+    """A descriptor of `checked`, each component of its path below its allowed directory opened in the one before
+    it, none followed if a symlink. Raises OSError if one cannot be opened so."""
+    root = next(root for root in roots if checked.is_relative_to(root))
+    *directories, name = checked.relative_to(root).parts
+    fd = os.open(root, _DIRECTORY_OPEN_FLAGS)
     try:
-        return Path(os.readlink(f"/proc/self/fd/{fd}"))
-    except OSError:  # no /proc (macOS, BSD)
-        pass
+        for directory in directories:
+            below = os.open(directory, _DIRECTORY_OPEN_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = below
+        return os.open(name, _FILE_OPEN_FLAGS, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def _open_and_resolve_again(checked: Path) -> int:
+    """Where os.open takes no directory descriptor (Windows): a descriptor of `checked`, opened by its path, if the
+    path still resolves to itself and names the file opened (its st_dev and st_ino). Raises OSError if not."""
+    fd = os.open(checked, _FILE_OPEN_FLAGS)
     try:
-        again = checked.resolve(strict=True)
-    except RuntimeError:  # a symlink loop
-        raise OSError(errno.ELOOP, "a symlink loop", str(checked)) from None
-    if not os.path.samestat(os.stat(again), opened):
+        same = checked.resolve(strict=True) == checked and os.path.samestat(os.stat(checked), os.fstat(fd))
+    except (OSError, RuntimeError):  # RuntimeError: a symlink loop
+        same = False
+    if not same:
+        os.close(fd)
         raise OSError(errno.ESTALE, "no longer the file opened", str(checked))
-    return again
+    return fd
 
 
 def _fetch_remote(url: str, kind: str, index: int, policy: MediaFetchPolicy, cancel: CancelToken | None) -> bytes:

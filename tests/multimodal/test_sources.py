@@ -19,7 +19,7 @@ import pytest
 from PIL import Image
 
 from glimmer.errors import RequestError
-from glimmer.multimodal import MediaError, MediaLimitError, MediaLimits, MediaProcessor
+from glimmer.multimodal import MediaError, MediaLimitError, MediaLimits, MediaProcessor, sources
 from glimmer.multimodal.remote_fetch import RemoteMediaError, fetch_remote
 from glimmer.multimodal.sources import (
     MediaFetchPolicy,
@@ -237,13 +237,14 @@ def test_a_missing_file_reads_the_same_as_a_forbidden_one(tmp_path):
 
 
 def _swapped_when_opened(monkeypatch, path, swap) -> None:
-    """`swap()` replaces `path` just before it is opened, by os.open or io.open (what Path.read_bytes and os.fdopen
-    call): after every check made by its name, as someone writing into the allowed directory can race the server."""
-    pending = [path]
+    """`swap()` replaces `path` (or a directory above it) just before it is first opened, by os.open or io.open (what
+    Path.read_bytes and os.fdopen call), whether by its path or by walking it from the allowed directory: after every
+    check made by its name, as someone writing into the allowed directory can race the server."""
+    pending = [path, *path.parents]
 
     def swapping(real_open):
         def opening(file, *args, **kwargs):
-            if pending and isinstance(file, str | os.PathLike) and os.fspath(file) == str(pending[0]):
+            if pending and isinstance(file, str | os.PathLike) and Path(file) in pending:
                 pending.clear()
                 swap()
             return real_open(file, *args, **kwargs)
@@ -295,19 +296,20 @@ def _swap_directory_back(image):
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
-@pytest.mark.parametrize(("swap", "proc"), [
-    pytest.param(_swap_for_symlink_out, "proc", id="symlink-out"),
-    pytest.param(_swap_for_fifo, "proc", id="fifo"),
-    pytest.param(_swap_directory_for_symlink_out, "proc", id="directory-symlink-out"),
-    pytest.param(_swap_directory_for_symlink_out, "none", id="directory-symlink-out-without-proc"),
-    pytest.param(_swap_directory_for_symlink_out, "none, swapped back", id="and-back-without-proc"),
+@pytest.mark.parametrize(("swap", "walk"), [
+    pytest.param(_swap_for_symlink_out, "walk", id="symlink-out"),
+    pytest.param(_swap_for_fifo, "walk", id="fifo"),
+    pytest.param(_swap_directory_for_symlink_out, "walk", id="directory-symlink-out"),
+    pytest.param(_swap_directory_for_symlink_out, "none", id="directory-symlink-out-without-dir-fd"),
+    pytest.param(_swap_directory_for_symlink_out, "none, swapped back", id="and-back-without-dir-fd"),
 ])
-def test_a_local_file_swapped_after_its_check_is_refused_as_opened(tmp_path, monkeypatch, swap, proc):
+def test_a_local_file_swapped_after_its_check_is_refused_as_opened(tmp_path, monkeypatch, swap, walk):
     """A file checked by its path and then read by it: swapped in between for a symlink out of the allowed
     directory (or a directory above it for one), the secret it names was sent to the model; swapped for a FIFO, the
-    read waited for a writer for ever, holding a worker thread. What was opened is checked (a regular file, its real
-    path under the allowed directory); without /proc, by resolving the path again and comparing st_dev and st_ino,
-    so that a directory swapped back once the file is open is seen too."""
+    read waited for a writer for ever, holding a worker thread. The path is walked from the allowed directory, no
+    symlink followed, and what was opened checked to be a regular file; where os.open takes no directory descriptor,
+    the path is opened whole and resolved again, its st_dev and st_ino compared, so that a directory swapped back once
+    the file is open is seen too."""
     (tmp_path / "outside").mkdir()
     secret = tmp_path / "outside" / "cat.png"
     secret.write_bytes(b"secret")
@@ -315,21 +317,51 @@ def test_a_local_file_swapped_after_its_check_is_refused_as_opened(tmp_path, mon
     image.parent.mkdir(parents=True)
     image.write_bytes(_png())
     policy = MediaFetchPolicy.create([tmp_path / "allowed"])
-    if proc != "proc":
-        real_readlink = os.readlink
-
-        def readlink_without_proc(path, *args, **kwargs):
-            if os.fspath(path).startswith("/proc/"):
-                if proc == "none, swapped back":
-                    _swap_directory_back(image)
-                raise FileNotFoundError(path)
-            return real_readlink(path, *args, **kwargs)
-
-        monkeypatch.setattr(os, "readlink", readlink_without_proc)
     _swapped_when_opened(monkeypatch, image, lambda: swap(image, secret))
+    if walk != "walk":
+        monkeypatch.setattr(sources, "_OPEN_WALKS_FROM_A_DIRECTORY", False)
+    if walk == "none, swapped back":
+        swapping_open = os.open
+
+        def open_then_swap_back(*args, **kwargs):
+            fd = swapping_open(*args, **kwargs)
+            if image.parent.is_symlink():
+                _swap_directory_back(image)
+            return fd
+
+        monkeypatch.setattr(os, "open", open_then_swap_back)
     outcome = _loaded_within(5.0, str(image), policy, fifo=image)
     assert isinstance(outcome, RequestError), outcome
     assert str(outcome) == f"image 0: {str(image)!r} is not a readable file under the allowed media directories"
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_a_directory_swapped_for_a_symlink_out_is_refused_without_opening_what_it_names(tmp_path, monkeypatch):
+    """O_NOFOLLOW on the whole path covers its last component only: a directory above the file swapped for a symlink
+    out of the allowed directory (to /dev, say) had the file it named opened (a device's open may act, a terminal
+    become the server's), to be refused only once it was. Nothing outside the allowed directory is opened now."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    os.mkfifo(outside / "cat.png")  # what a device node is to open, without root
+    image = tmp_path / "allowed" / "album" / "cat.png"
+    image.parent.mkdir(parents=True)
+    image.write_bytes(_png())
+    policy = MediaFetchPolicy.create([tmp_path / "allowed"])
+    _swapped_when_opened(monkeypatch, image, lambda: _swap_directory_for_symlink_out(image, outside / "cat.png"))
+    opened = []
+    swapping_open = os.open
+
+    def recording_open(*args, **kwargs):
+        fd = swapping_open(*args, **kwargs)
+        opened.append(os.fstat(fd))
+        return fd
+
+    monkeypatch.setattr(os, "open", recording_open)
+    outcome = _loaded_within(5.0, str(image), policy, fifo=outside / "cat.png")
+    assert isinstance(outcome, RequestError), outcome
+    assert str(outcome) == f"image 0: {str(image)!r} is not a readable file under the allowed media directories"
+    outside_files = [os.stat(outside), os.stat(outside / "cat.png")]
+    assert not [found for found in opened if any(os.path.samestat(found, other) for other in outside_files)]
 
 
 def test_a_local_file_swapped_after_its_check_for_one_over_the_limit_is_refused(tmp_path, monkeypatch):
