@@ -1,14 +1,22 @@
 """pyproject.toml: what `pip install glimmer` asks for and what the built wheel and sdist hold."""
 
+import asyncio
 import email
+import json
 import os
+import socket
+import threading
+import time
 import tomllib
 import warnings
 from pathlib import Path
 
 import pytest
+import uvicorn
 from packaging.requirements import Requirement
 from packaging.version import Version
+
+from glimmer.server.app import _RefuseWebSockets
 
 ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
@@ -87,6 +95,37 @@ def test_the_base_install_holds_a_websocket_library_so_a_handshake_is_refused_wi
     a plain GET (/v1/realtime: 404; /v1/chat/completions: 405, method not allowed). wsproto is a dependency."""
     names = {Requirement(line).name for line in PYPROJECT["project"]["dependencies"]}
     assert names & {"wsproto", "websockets"}, sorted(names)
+
+
+def test_a_websocket_handshake_is_refused_with_the_400_under_wsproto_the_base_install_s_library():
+    """uvicorn picks websockets where it is installed (the test extras bring it), so the server tests' handshakes
+    never ran under wsproto, the one WebSocket library the base install holds: the app's refusal served by uvicorn
+    with ws="wsproto" must reach the client as the 400."""
+    async def unreached(scope, receive, send):
+        raise AssertionError(f"the {scope['type']} scope reached the app")
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    config = uvicorn.Config(_RefuseWebSockets(unreached), ws="wsproto", lifespan="off", log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=asyncio.run, args=(server.serve(sockets=[listener]),), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started and thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with socket.create_connection(listener.getsockname(), timeout=10) as connection:
+            connection.sendall(b"GET /v1/realtime HTTP/1.1\r\nHost: test\r\nUpgrade: websocket\r\n"
+                               b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                               b"Sec-WebSocket-Version: 13\r\n\r\n")
+            received = b"".join(iter(lambda: connection.recv(65536), b""))
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        listener.close()
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 "), received
+    error = json.loads(body)["error"]
+    assert error["code"] == "websocket_not_supported" and "asked at /v1/realtime" in error["message"], error
 
 
 def test_torch_floor_is_the_first_release_with_the_attention_and_errors_the_model_calls():
