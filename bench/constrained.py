@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from glimmer import LLM, SamplingParams, StructuredOutputsParams
-from glimmer.cli import positive_count, positive_counts
+from glimmer.cli import count, positive_count, positive_counts
 from glimmer.engine.grammar import GrammarMasks
 from glimmer.errors import GlimmerError
 from glimmer.tiny import TinySpec, write_tiny_checkpoint
@@ -69,22 +69,14 @@ def run(llm: LLM, batch: int, max_tokens: int, structured: StructuredOutputsPara
     return (long - short) / max_tokens
 
 
-def tiny_hidden_size(text: str) -> int:
-    """--hidden-size of the tiny model: its 4 heads of a quarter of it each, a head size even (rotary embeddings) and
-    16 or more (the tiny config's qk_scale_factor, 3.87, must be below √head_dim), so a multiple of 8, 64 or more."""
-    size = int(text) if text.strip().isascii() and text.strip().isdigit() else 0
-    if size < 64 or size % 8:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a tiny model's hidden size: give a multiple of 8, 64 or "
-                                         "more")
-    return size
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="checkpoint directory (default: a random tiny checkpoint)")
     parser.add_argument("--batches", type=positive_counts, default=[1, 64])
     parser.add_argument("--max-tokens", type=positive_count, default=64)
-    parser.add_argument("--hidden-size", type=tiny_hidden_size, default=64)
+    # the tiny model's 4 heads take a quarter of it each, a head size even (rotary embeddings) and 16 or more (the
+    # tiny config's qk_scale_factor, 3.87, must be below √head_dim): a multiple of 8, 64 or more
+    parser.add_argument("--hidden-size", type=count(64, "a tiny model's hidden size", step=8), default=64)
     parser.add_argument("--layers", type=positive_count, default=8)
     parser.add_argument("--repeats", type=positive_count, default=2)
     parser.add_argument("--preset", choices=("tiny", "30b"), default="tiny")

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import tempfile
 import time
@@ -28,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from glimmer.cli import positive_count, positive_counts
+from glimmer.cli import number, positive_count, positive_counts
 from glimmer.engine.llm import LLM
 from glimmer.engine.sampling_params import SamplingParams
 from glimmer.model.kernels import cpu
@@ -137,18 +136,6 @@ def thread_count(text: str) -> int:
     return count
 
 
-def target_ratio(text: str) -> float:
-    """--target: a finite ratio, 0 or more (nan was never met whatever the run, and -1 met by any)."""
-    try:
-        ratio = float(text)
-    except ValueError:
-        ratio = math.nan
-    if not (math.isfinite(ratio) and ratio >= 0):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a ratio to transformers: give a number, 0 or more, such "
-                                         "as 2")
-    return ratio
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", type=positive_counts, default=[1, 8], help="comma-separated batch sizes")
@@ -157,7 +144,9 @@ def main() -> int:
     parser.add_argument("--repeats", type=positive_count, default=2,
                         help="timed runs per engine and batch; the best counts")
     parser.add_argument("--threads", type=thread_count, default=None, help="torch threads (default: torch's choice)")
-    parser.add_argument("--target", type=target_ratio, default=2.0, help="the ratio to transformers to reach")
+    # nan was never met whatever the run, and -1 met by any
+    parser.add_argument("--target", type=number("a ratio to transformers", least=0, hint=", such as 2"), default=2.0,
+                        help="the ratio to transformers to reach")
     args = parser.parse_args()
     room = SPEC.max_position_embeddings - SPARE_POSITIONS
     if args.prompt_tokens + args.new_tokens > room:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import tempfile
 import time
@@ -26,24 +25,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_30b import fresh_prompts, run_engine  # noqa: E402
 
 from glimmer import LLM  # noqa: E402
-from glimmer.cli import positive_count  # noqa: E402
+from glimmer.cli import number, positive_count  # noqa: E402
 from glimmer.tiny import write_tiny_checkpoint  # noqa: E402
-
-
-def cache_size_gib(text: str) -> float:
-    """--kv-gib: a finite size above 0 (-1 went to the engine, to be refused once the 30B's engine was being built)."""
-    try:
-        gib = float(text)
-    except ValueError:
-        gib = math.nan
-    if not (math.isfinite(gib) and gib > 0):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size in GiB: give a number above 0, such as 7.2")
-    return gib
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kv-gib", type=cache_size_gib, default=7.2, help="the KV cache's size in GiB (default 7.2)")
+    # -1 went to the engine, to be refused once the 30B's engine was being built
+    parser.add_argument("--kv-gib", type=number("a size in GiB", above=0, hint=", such as 7.2"), default=7.2,
+                        help="the KV cache's size in GiB (default 7.2)")
     parser.add_argument("--requests", type=positive_count, default=256,
                         help="requests of 1K prompt tokens (default 256)")
     parser.add_argument("--max-tokens", type=positive_count, default=256,

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from glimmer.cli import number
 from glimmer.engine.kv_cache_manager import KVCacheLayout, KVCacheManager, PageGeometry, page_geometry
 from glimmer.engine.kv_planner import kv_bytes_per_page
 from glimmer.engine.sampling_params import SamplingParams
@@ -131,7 +132,7 @@ def fullest_load(geometry: PageGeometry, sliding_window: int) -> tuple[Load, int
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kv-gib", type=float, nargs="+", default=[7.2, 40.0],
+    parser.add_argument("--kv-gib", type=number("a size in GiB", hint=", such as 7.2"), nargs="+", default=[7.2, 40.0],
                         help="KV cache sizes in GiB (2^30 bytes), as the engine sizes them after the weights")
     args = parser.parse_args()
     text = released_30b_config().text
@@ -142,8 +143,6 @@ def main() -> None:
     fullest, most_pages = fullest_load(geometry, text.sliding_window)
     largest_gib = math.ceil(most_pages * page_bytes / GIB * 100) / 100  # as given: a size up to it holds them
     for gib in args.kv_gib:
-        if not math.isfinite(gib):
-            parser.error(f"argument --kv-gib: {gib:g} is not a size in GiB; give a number such as 7.2")
         if pages_in(gib, page_bytes) < pages:
             parser.error(f"argument --kv-gib: {gib:g} GiB holds no request of the load {load.name} ({pages:,} pages, "
                          f"{smallest_gib:.2f} GiB, at its longest); give {math.ceil(smallest_gib * 100) / 100:.2f} or "

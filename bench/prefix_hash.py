@@ -28,7 +28,7 @@ import torch
 from glimmer import LLM, SamplingParams
 from glimmer.checkpoint.formats import open_checkpoint
 from glimmer.checkpoint.resolve import resolve_checkpoint
-from glimmer.cli import positive_count
+from glimmer.cli import count, positive_count
 from glimmer.engine import kv_cache_manager
 from glimmer.engine.kv_cache_manager import FULL, KVCacheLayout, KVCacheManager
 from glimmer.engine.sequence import Sequence
@@ -142,18 +142,12 @@ def end_to_end(model: str, args: argparse.Namespace) -> None:
         print(f"   {clock} second, new / old: {ratio:.3f}  (run-to-run spread ±{noise:.1%})")
 
 
-def token_span(text: str) -> int:
-    """--prefix-tokens, --tail-tokens: a whole number, 0 or more (-1 ended in torch.randint's RuntimeError)."""
-    if not (text.strip().isascii() and text.strip().isdigit()):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a token count: give a whole number, 0 or more")
-    return int(text)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="checkpoint directory (default: a tiny random one)")
     parser.add_argument("--repeats", type=positive_count, default=5)
     parser.add_argument("--prompts", type=positive_count, default=16)
+    token_span = count(0, "a token count")  # -1 ended in torch.randint's RuntimeError
     parser.add_argument("--prefix-tokens", type=token_span, default=256, help="tokens every prompt shares")
     parser.add_argument("--tail-tokens", type=token_span, default=32, help="tokens of each prompt's own")
     parser.add_argument("--max-tokens", type=positive_count, default=16)

@@ -19,7 +19,7 @@ import argparse
 import json
 import time
 
-from glimmer.cli import positive_count
+from glimmer.cli import count, positive_count
 from glimmer.protocol import OutputParser, ParsedOutput, parse_output
 
 TOOLS = [
@@ -68,14 +68,6 @@ def composed_turn(total_chars: int) -> str:
     )
 
 
-def turn_length(text: str) -> int:
-    """--chars: a whole number, MIN_CHARS or more (a shorter turn ended in the tool call check's AssertionError)."""
-    chars = int(text) if text.strip().isascii() and text.strip().isdigit() else 0
-    if chars < MIN_CHARS:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a turn length: give a whole number, {MIN_CHARS} or more")
-    return chars
-
-
 def streamed(text: str, chunk_chars: int) -> ParsedOutput:
     parser = OutputParser(TOOLS)
     deltas = [parser.feed(text[start:start + chunk_chars]) for start in range(0, len(text), chunk_chars)]
@@ -107,7 +99,8 @@ def timed_run(chunks: list[str]) -> tuple[float, float, float, float]:
 
 def main() -> None:
     arguments = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    arguments.add_argument("--chars", type=turn_length, default=200_000)
+    # a turn shorter than MIN_CHARS ended in the tool call check's AssertionError
+    arguments.add_argument("--chars", type=count(MIN_CHARS, "a turn length"), default=200_000)
     arguments.add_argument("--chunk", type=positive_count, default=4)
     arguments.add_argument("--repeat", type=positive_count, default=7)
     options = arguments.parse_args()

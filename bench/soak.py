@@ -216,6 +216,8 @@ def serve(args: argparse.Namespace):
         server.stop(signal.SIGTERM, timeout_s=30)
 
 
+# Copies of glimmer.cli.count and number: soak imports no glimmer code, a pure HTTP client that soaks a server
+# (--url) with the standard library and httpx alone, the server stack and torch not loaded beside it.
 def count(text: str, least: int = 1) -> int:
     """A count an option takes (clients, tokens, requests): a whole number, `least` or more (0 clients waited on
     nothing, 0 tokens ended in randint's ValueError)."""

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from glimmer.cli import positive_count
+from glimmer.cli import number, positive_count
 from glimmer.engine.draft_policy import DraftPolicy
 from glimmer.engine.llm_engine import EngineConfig, LLMEngine
 from glimmer.engine.proposers import ReplayProposer, forced_acceptance
@@ -157,19 +157,6 @@ class TimedProposer:
         return drafts
 
 
-def acceptance_length(text: str) -> float:
-    """--acceptance, --adaptive-acceptance: a mean acceptance length, the tokens a verification emits (the accepted
-    drafts and one more), so 1 or more (0.5 forced a negative count of correct tokens)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value >= 1):
-        raise argparse.ArgumentTypeError(f"{text!r} is not an acceptance length: give a number, 1 or more (the tokens "
-                                         "a verification emits)")
-    return value
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", choices=["30b", "tiny"], default="30b")
@@ -179,6 +166,9 @@ def main() -> None:
     # 140 + 64 + 16 positions stay within one block-table width bucket (16 blocks): the drafter's steps keep one shape
     parser.add_argument("--prompt-len", type=positive_count, default=140)
     parser.add_argument("--new-tokens", type=positive_count, default=64)
+    # a mean acceptance length is the tokens a verification emits, the accepted drafts and one more, so 1 or more
+    # (0.5 forced a negative count of correct tokens)
+    acceptance_length = number("an acceptance length", least=1, hint=" (the tokens a verification emits)")
     parser.add_argument("--acceptance", type=acceptance_length, nargs="+", default=[1.0, 2.96, 4.4, 15.0])
     parser.add_argument("--adaptive-acceptance", type=acceptance_length, nargs="+", default=[1.0, 2.96, 4.4])
     parser.add_argument("--max-num-batched-tokens", type=positive_count, default=None,

@@ -1960,12 +1960,39 @@ def token_count(text: str) -> int:
         "32K (1,024s), 1m / 1M")
 
 
-def positive_count(text: str) -> int:
-    """A count an option takes (a batch size, a number of runs or of tokens): a whole number, 1 or more."""
-    count = int(text) if text.strip().isascii() and text.strip().isdigit() else 0
-    if count < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a count: give a whole number, 1 or more")
-    return count
+def count(least: int, what: str = "a count", *, step: int = 1) -> Callable[[str], int]:
+    """An argparse type for a count an option takes: a whole number, `least` or more, and a multiple of `step`;
+    anything else is refused as not `what` ("'0' is not a count: give a whole number, 1 or more")."""
+    give = f"a whole number, {least} or more" if step == 1 else f"a multiple of {step}, {least} or more"
+
+    def whole_number(text: str) -> int:
+        value = int(text) if text.strip().isascii() and text.strip().isdigit() else least - 1
+        if value < least or value % step:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}: give {give}")
+        return value
+    return whole_number
+
+
+positive_count = count(1)  # a batch size, a number of runs or of tokens
+
+
+def number(what: str, *, least: float | None = None, above: float | None = None,
+           hint: str = "") -> Callable[[str], float]:
+    """An argparse type for a number an option takes: finite, `least` or more and above `above` where given;
+    anything else (nan, inf, text) is refused as not `what`, `hint` after what to give ("'-1' is not a size in GiB:
+    give a number above 0, such as 7.2")."""
+    give = ("a number" + (f", {least:g} or more" if least is not None else "")
+            + (f" above {above:g}" if above is not None else "") + hint)
+
+    def finite(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and (least is None or value >= least) and (above is None or value > above)):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}: give {give}")
+        return value
+    return finite
 
 
 def positive_counts(text: str) -> list[int]:
