@@ -1,6 +1,7 @@
 """bench/: each script is run as `python bench/NAME.py`, and `--help` says how without running the benchmark."""
 
 import contextlib
+import importlib.util
 import io
 import json
 import os
@@ -8,6 +9,7 @@ import runpy
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -417,3 +419,32 @@ def test_nano_spec_decode_refuses_more_single_prompts_than_prompts():
     assert ("nano_spec_decode.py: error: argument --single: 16 prompts one at a time are more than --prompts 4: give "
             "at most 4") in done.stderr
     assert done.stdout == ""
+
+
+def test_nano_spec_decode_decodes_every_prompt_one_at_a_time_where_prompts_are_fewer_than_16(monkeypatch, capsys):
+    """--single is 16, or --prompts where fewer, by default: --prompts 4 alone decoded its 4 prompts one at a time
+    under the label "one at a time (16)". Engines and prompts stubbed: the rows' prompts and labels are the script's."""
+    spec = importlib.util.spec_from_file_location("nano_spec_decode", ROOT / "bench" / "nano_spec_decode.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    decoded = []
+
+    def timed(llm, prompts, params, one_at_a_time):
+        decoded.append((tuple(prompts), one_at_a_time))
+        return [[0]] * len(prompts), 1.0
+
+    stats = {"spec_decode": SimpleNamespace(num_drafts=0, num_accepted_tokens=0)}
+    monkeypatch.setattr(script, "LLM", lambda *args, **kwargs: SimpleNamespace(engine=SimpleNamespace(
+        stats=lambda: stats)))
+    monkeypatch.setattr(script, "held_out_conversations", lambda count: [
+        SimpleNamespace(messages=[f"turn {i}"], last_user_index=0) for i in range(count)])
+    monkeypatch.setattr(script, "prompt_text", lambda llm, conversation, messages: messages[0])
+    monkeypatch.setattr(script, "timed", timed)
+    monkeypatch.setattr(sys, "argv", ["nano_spec_decode.py", "--prompts", "4"])
+    assert script.main() == 0
+    prompts = tuple(f"turn {i}" for i in range(4))
+    # each row: a warm-up of two prompts on each engine, then all its prompts on each
+    assert [one for one, one_at_a_time in decoded if one_at_a_time] == [prompts[:2], prompts[:2], prompts, prompts]
+    rows = capsys.readouterr().out.splitlines()[2:]
+    assert [row[:26].strip() for row in rows] == ["batch of 4", "one at a time (4)"]
+
