@@ -103,7 +103,7 @@ def speed(tmp: Path, batch: int = 64, prompt_len: int = 256, new_tokens: int = 1
     generator = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 480, (prompt_len,), generator=generator).tolist() for _ in range(batch)]
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
-    figures = {}
+    seconds = {}
     tokens = {}
     for mode, eager in (("graphs", False), ("eager", True)):
         llm = LLM(str(path), device="cuda", dtype="bfloat16", progress=False, kv_cache_memory=KV_BYTES,
@@ -114,39 +114,51 @@ def speed(tmp: Path, batch: int = 64, prompt_len: int = 256, new_tokens: int = 1
         start = time.perf_counter()
         tokens[mode] = [o.token_ids for o in llm.generate(prompts, params)]
         torch.cuda.synchronize()
-        figures[f"ours_{mode}_batch_tokens_per_s"] = round(batch * new_tokens / (time.perf_counter() - start), 1)
+        batch_s = time.perf_counter() - start
         start = time.perf_counter()
         llm.generate(prompts[:1], params)
         torch.cuda.synchronize()
-        figures[f"ours_{mode}_single_tokens_per_s"] = round(new_tokens / (time.perf_counter() - start), 1)
+        seconds[mode] = (batch_s, time.perf_counter() - start)
         del llm
         torch.cuda.empty_cache()
-    pairs = zip(tokens["graphs"], tokens["eager"], strict=True)
-    figures["graphs_and_eager_tokens_identical"] = sum(a == b for a, b in pairs)
-    ours_batch = figures["ours_graphs_batch_tokens_per_s"]
-    ours_single = figures["ours_graphs_single_tokens_per_s"]
+    identical = sum(a == b for a, b in zip(tokens["graphs"], tokens["eager"], strict=True))
 
     reference = reference_model(path, dtype=torch.bfloat16).cuda()
     batch_ids = torch.tensor(prompts, device="cuda")
 
-    def run_reference(ids):
+    def run_reference(ids) -> float:
+        start = time.perf_counter()
         with torch.no_grad():
             reference.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
                                eos_token_id=None, pad_token_id=0)
         torch.cuda.synchronize()
+        return time.perf_counter() - start
 
     run_reference(batch_ids[:4, :32])  # warm-up
-    start = time.perf_counter()
-    run_reference(batch_ids)
-    ref_batch = batch * new_tokens / (time.perf_counter() - start)
-    start = time.perf_counter()
-    run_reference(batch_ids[:1])
-    ref_single = new_tokens / (time.perf_counter() - start)
+    seconds["reference"] = (run_reference(batch_ids), run_reference(batch_ids[:1]))
+    return speed_figures(sum(p.numel() for p in reference.parameters()), batch, prompt_len, new_tokens, seconds,
+                         identical)
+
+
+def speed_figures(model_parameters: int, batch: int, prompt_len: int, new_tokens: int,
+                  seconds: dict[str, tuple[float, float]], identical: int) -> dict:
+    """The speed report (printed, and what --json writes) from the seconds measured: of `batch` prompts together
+    and of one alone, each making `new_tokens`, by "graphs", "eager" (ours) and "reference"; `identical`, the prompts
+    whose tokens CUDA graphs and eager made alike. The ratios are CUDA graphs' rate to the reference's."""
+    rates = {run: (batch * new_tokens / batch_s, new_tokens / single_s) for run, (batch_s, single_s) in seconds.items()}
+    figures = {}
+    for mode in ("graphs", "eager"):
+        figures[f"ours_{mode}_batch_tokens_per_s"] = round(rates[mode][0], 1)
+        figures[f"ours_{mode}_single_tokens_per_s"] = round(rates[mode][1], 1)
+    ref_batch, ref_single = rates["reference"]
     return {
-        "model_parameters": sum(p.numel() for p in reference.parameters()),
+        "model_parameters": model_parameters,
         "batch": batch, "prompt_len": prompt_len, "new_tokens": new_tokens, **figures,
-        "reference_batch_tokens_per_s": round(ref_batch, 1), "batch_ratio": round(ours_batch / ref_batch, 2),
-        "reference_single_tokens_per_s": round(ref_single, 1), "single_ratio": round(ours_single / ref_single, 2),
+        "graphs_and_eager_tokens_identical": identical,
+        "reference_batch_tokens_per_s": round(ref_batch, 1),
+        "batch_ratio": round(figures["ours_graphs_batch_tokens_per_s"] / ref_batch, 2),
+        "reference_single_tokens_per_s": round(ref_single, 1),
+        "single_ratio": round(figures["ours_graphs_single_tokens_per_s"] / ref_single, 2),
     }
 
 

@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -27,6 +28,28 @@ from gpu_30b import fresh_prompts, run_engine  # noqa: E402
 from glimmer import LLM  # noqa: E402
 from glimmer.cli import number, positive_count  # noqa: E402
 from glimmer.tiny import write_tiny_checkpoint  # noqa: E402
+
+RATIO = "growth reserve / whatever fits"
+
+
+class Admission(NamedTuple):
+    """One admission's run of the load: its output rate, seconds and the preemptions it made."""
+    output_tokens_per_s: float
+    seconds: float
+    preemptions: int
+
+
+def figures(device: str, kv_gib: float, pages: int, requests: int, max_tokens: int,
+            admissions: dict[str, Admission]) -> dict:
+    """What --json writes: the run's settings, each admission's rate, seconds and preemptions to the places printed,
+    and the ratio of the growth reserve's rate to whatever fits'."""
+    results: dict = {"device": device, "kv_gib": kv_gib, "pages": pages, "requests": requests, "max_tokens": max_tokens}
+    for name, run in admissions.items():
+        results[name] = {"output_tokens_per_s": round(run.output_tokens_per_s, 1), "seconds": round(run.seconds, 1),
+                         "preemptions": run.preemptions}
+    reserve, fits = admissions["growth reserve"], admissions["whatever fits"]
+    results[RATIO] = round(reserve.output_tokens_per_s / fits.output_tokens_per_s, 2)
+    return results
 
 
 def main() -> None:
@@ -51,24 +74,20 @@ def main() -> None:
               f"KV cache {args.kv_gib} GiB: {llm.engine.kv_layout.describe()}", flush=True)
         run_engine(llm, fresh_prompts(64, 1024, 2), 4)  # compiles and graphs, untimed
         scheduler = llm.engine.scheduler
-        rates = {}
-        results: dict = {"device": torch.cuda.get_device_name(), "kv_gib": args.kv_gib,
-                         "pages": llm.engine.kv_layout.num_pages, "requests": args.requests,
-                         "max_tokens": args.max_tokens}
+        admissions = {}
         for seed, (name, reserve) in enumerate((("growth reserve", True), ("whatever fits", False)), start=300):
             if not reserve:
                 # the admission before the reserve
                 scheduler._expected_growth = lambda seq, held_end: [0] * len(scheduler.kv.page_pools)
             before = scheduler.num_preemptions
             result = run_engine(llm, fresh_prompts(args.requests, 1024, seed), args.max_tokens)
-            rates[name] = result["output_tokens_per_s"]
-            print(f"{name}: output {rates[name]:,.1f} tok/s in {result['seconds']:.1f} s, "
-                  f"preemptions {scheduler.num_preemptions - before}", flush=True)
-            results[name] = {"output_tokens_per_s": round(rates[name], 1), "seconds": round(result["seconds"], 1),
-                             "preemptions": scheduler.num_preemptions - before}
-        ratio = rates["growth reserve"] / rates["whatever fits"]
-        print(f"growth reserve / whatever fits: {ratio:.2f}")
-        results["growth reserve / whatever fits"] = round(ratio, 2)
+            run = admissions[name] = Admission(result["output_tokens_per_s"], result["seconds"],
+                                               scheduler.num_preemptions - before)
+            print(f"{name}: output {run.output_tokens_per_s:,.1f} tok/s in {run.seconds:.1f} s, "
+                  f"preemptions {run.preemptions}", flush=True)
+        results = figures(torch.cuda.get_device_name(), args.kv_gib, llm.engine.kv_layout.num_pages, args.requests,
+                          args.max_tokens, admissions)
+        print(f"{RATIO}: {results[RATIO]:.2f}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
 

@@ -244,6 +244,39 @@ def test_gpu_bench_takes_a_json_path_for_its_figures(script, tmp_path):
     assert done.stderr == f"{script}.py needs a CUDA GPU\n"
 
 
+def test_cuda_check_reports_its_speed_figures_from_the_seconds_measured(monkeypatch):
+    """cuda_check.py's report, printed and written to --json, was built only on a GPU: here its speed figures come
+    from seconds given, each rate to a tenth of a token a second and CUDA graphs' ratio to the reference's."""
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the script puts tests/ on it
+    script = runpy.run_path(str(ROOT / "bench" / "cuda_check.py"))  # not as __main__: nothing is measured
+    seconds = {"graphs": (3.0, 0.5), "eager": (4.0, 1.0), "reference": (8.0, 0.8)}
+    figures = script["speed_figures"](800_000_000, 64, 256, 128, seconds, 63)
+    assert json.loads(json.dumps(figures)) == {
+        "model_parameters": 800_000_000, "batch": 64, "prompt_len": 256, "new_tokens": 128,
+        "ours_graphs_batch_tokens_per_s": 2730.7, "ours_graphs_single_tokens_per_s": 256.0,
+        "ours_eager_batch_tokens_per_s": 2048.0, "ours_eager_single_tokens_per_s": 128.0,
+        "graphs_and_eager_tokens_identical": 63,
+        "reference_batch_tokens_per_s": 1024.0, "batch_ratio": 2.67,
+        "reference_single_tokens_per_s": 160.0, "single_ratio": 1.6,
+    }
+
+
+def test_gpu_kv_admission_writes_each_admissions_figures_as_printed_and_their_ratio(monkeypatch):
+    """gpu_kv_admission.py's --json figures were built only on a GPU: here from the runs' measured rates, seconds
+    and preemptions, to the places printed, and the ratio of the rates."""
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the script puts bench/ on it
+    script = runpy.run_path(str(ROOT / "bench" / "gpu_kv_admission.py"))  # not as __main__: nothing is measured
+    admission = script["Admission"]
+    runs = {"growth reserve": admission(5123.456, 12.34, 0), "whatever fits": admission(4000.04, 15.66, 37)}
+    figures = script["figures"]("NVIDIA H100 80GB HBM3", 7.2, 36_296, 256, 256, runs)
+    assert json.loads(json.dumps(figures)) == {
+        "device": "NVIDIA H100 80GB HBM3", "kv_gib": 7.2, "pages": 36_296, "requests": 256, "max_tokens": 256,
+        "growth reserve": {"output_tokens_per_s": 5123.5, "seconds": 12.3, "preemptions": 0},
+        "whatever fits": {"output_tokens_per_s": 4000.0, "seconds": 15.7, "preemptions": 37},
+        "growth reserve / whatever fits": 1.28,
+    }
+
+
 def test_spec_decode_writes_the_figures_it_prints_to_json(tmp_path):
     """spec_decode.py had no --json, which gpu_30b.py and gpu_sampling.py take: its table was to be copied from the
     output by hand. The smallest CPU run writes each row's figures as printed."""
