@@ -3,6 +3,7 @@ of the decode steps launched ahead (engine/lookahead.py)."""
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,13 @@ DEFAULT_SPEC = TinySpec()
 # tests that declare their own settings inherit this.
 settings.register_profile("glimmer", deadline=None)
 settings.load_profile("glimmer")
+
+# A suite started in the background (`nohup ... &`, a shell without job control) inherits SIGINT ignored, and Python
+# then installs no KeyboardInterrupt handler: every Ctrl-C test would fail, in this process and in the `glimmer`
+# processes it starts (an ignored signal stays ignored across exec). Tests take Python's usual Ctrl-C, as a terminal
+# gives it; a caught signal is reset to its default in a child, so the children get it too.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(config, items):
