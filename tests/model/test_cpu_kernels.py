@@ -30,6 +30,15 @@ pytestmark = pytest.mark.skipif(cpu.library() is None, reason="no C compiler bui
 CLOSE = dict(rtol=1e-5, atol=1e-5)  # float32 rounding: the kernels sum in another order than torch
 
 
+def _unoptimized(tmp_path: Path) -> list[str]:
+    """The compiler, with -O0 after the build's -O3: the tests of how builds are cached, tried, refused and loaded
+    build the real sources in a tenth of the time (an AddressSanitizer build in a twentieth)."""
+    wrapper = tmp_path / "unoptimizedcc"
+    wrapper.write_text(f'#!/bin/sh\nexec {shlex.join(cpu._compiler())} "$@" -O0\n')
+    wrapper.chmod(0o755)
+    return [str(wrapper)]
+
+
 @pytest.mark.parametrize("rows,width", [(1, 512), (7, 96), (600, 512)])  # the last runs the OpenMP loop
 @pytest.mark.parametrize("first_layer", [False, True])
 def test_residual_norm(rows, width, first_layer):
@@ -141,7 +150,7 @@ def test_dispatchers_take_the_c_kernels_for_float32_on_the_cpu_only(monkeypatch)
 
 def test_the_build_is_cached_per_source_compiler_and_machine(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    compiler = cpu._compiler()
+    compiler = _unoptimized(tmp_path)
     first = cpu._build(compiler)
     assert first.parent == tmp_path / "glimmer" / "cpu-kernels" and first.exists()
     stamp = first.stat().st_mtime_ns
@@ -246,13 +255,13 @@ def test_a_damaged_cached_library_is_built_again_not_loaded(tmp_path, monkeypatc
     an empty one fell back to the torch path for good, one cut inside its code killed the process (SIGBUS) when
     loaded. It is checked against its digest and built again."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    built = cpu._build(cpu._compiler())
+    built = cpu._build(_unoptimized(tmp_path))
     for damaged in (b"", built.read_bytes()[:1000]):
         # a new file under the name: this process has loaded the one built (its build checks it loads), and cutting
         # that inode short would kill the process (SIGBUS) at its next touch of the library's pages, at exit at last
         built.unlink()
         built.write_bytes(damaged)
-        rebuilt = cpu._build(cpu._compiler())
+        rebuilt = cpu._build(_unoptimized(tmp_path))
         assert rebuilt.read_bytes() not in (b"", damaged[:1000])
         assert f"{built} is not the library built there" in caplog.text
         code = f"import ctypes; ctypes.CDLL({str(rebuilt)!r}).glimmer_silu_mul"
@@ -302,7 +311,7 @@ def test_a_flag_set_that_builds_what_cannot_load_gives_way_to_the_next(tmp_path,
     unresolved.write_text("void __kmpc_absent(void);\nvoid glimmer_parallel(void) { __kmpc_absent(); }\n")
     zig_like = tmp_path / "zigcc"
     zig_like.write_text(f'#!/bin/sh\ncase " $* " in *" -fopenmp "*) set -- "$@" {unresolved};; esac\n'
-                        f'exec {shlex.join(cpu._compiler())} "$@"\n')
+                        f'exec {_unoptimized(tmp_path)[0]} "$@"\n')
     zig_like.chmod(0o755)
     caplog.set_level("INFO")
     built = cpu._build([str(zig_like)])
@@ -318,7 +327,7 @@ def test_without_a_home_directory_the_kernels_are_cached_in_a_private_temporary_
     monkeypatch.setattr(cpu.Path, "home", classmethod(lambda cls: (_ for _ in ()).throw(
         RuntimeError("Could not determine home directory."))))
     monkeypatch.setattr(cpu.tempfile, "gettempdir", lambda: str(tmp_path))
-    built = cpu._build(cpu._compiler())
+    built = cpu._build(_unoptimized(tmp_path))
     assert built.parent == tmp_path / f"glimmer-cpu-kernels-{os.getuid()}"
 
 
@@ -346,7 +355,7 @@ def test_a_cache_on_a_noexec_file_system_gives_way_to_the_temporary_directory(tm
     monkeypatch.setattr(cpu.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
     _noexec_under(monkeypatch, tmp_path / "cache")
     caplog.set_level("INFO")
-    built = cpu._build(cpu._compiler())
+    built = cpu._build(_unoptimized(tmp_path))
     assert built.parent == tmp_path / "tmp" / f"glimmer-cpu-kernels-{os.getuid()}"
     assert ctypes.CDLL(str(built)).glimmer_silu_mul is not None
     assert f"{tmp_path / 'cache' / 'glimmer' / 'cpu-kernels'} is on a file system mounted noexec" in caplog.text
@@ -379,7 +388,7 @@ def test_a_library_whose_loading_ends_the_process_is_refused_in_a_child_not_load
                            "-o", str(tmp_path / "probe.so")], capture_output=True)
     if asan.returncode != 0:
         pytest.skip("the compiler builds no AddressSanitizer library here")
-    env = {**os.environ, "CC": f"{shlex.join(cpu._compiler())} -fsanitize=address",
+    env = {**os.environ, "CC": f"{_unoptimized(tmp_path)[0]} -fsanitize=address",
            "XDG_CACHE_HOME": str(tmp_path / "cache"), "PYTHONPATH": str(Path(cpu.__file__).parents[4])}
     load = "from glimmer.model.kernels import cpu; print('library', cpu.library())"
     done = subprocess.run([sys.executable, "-c", load], env=env, capture_output=True, text=True, timeout=600)
@@ -393,7 +402,7 @@ def test_without_an_interpreter_to_start_a_new_build_is_loaded_in_this_process_a
     """An embedded Python (sys.executable empty) cannot load a build in a child: the kernels are built all the same."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(cpu.sys, "executable", "")
-    assert ctypes.CDLL(str(cpu._build(cpu._compiler()))).glimmer_silu_mul is not None
+    assert ctypes.CDLL(str(cpu._build(_unoptimized(tmp_path)))).glimmer_silu_mul is not None
 
 
 def test_a_cached_library_whose_runtime_is_gone_is_built_again(tmp_path, monkeypatch):
@@ -410,7 +419,7 @@ def test_a_cached_library_whose_runtime_is_gone_is_built_again(tmp_path, monkeyp
     (tmp_path / "use.c").write_text("int glimmer_runtime(void);\nint glimmer_uses(void) { return glimmer_runtime(); }")
     linking = tmp_path / "ompcc"
     linking.write_text(f'#!/bin/sh\ncase " $* " in *" -fopenmp "*) set -- "$@" {tmp_path / "use.c"} -L{runtime} '
-                       f'-Wl,-rpath,{runtime} -lgrt;; esac\nexec {shlex.join(cpu._compiler())} "$@"\n')
+                       f'-Wl,-rpath,{runtime} -lgrt;; esac\nexec {_unoptimized(tmp_path)[0]} "$@"\n')
     linking.chmod(0o755)
     start = ("import ctypes, logging; from glimmer.model.kernels import cpu; logging.basicConfig()\n"
              f"built = cpu._build([{str(linking)!r}]); print(built, hasattr(ctypes.CDLL(str(built)), 'glimmer_uses'))")
