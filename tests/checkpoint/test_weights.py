@@ -470,39 +470,49 @@ def anonymous_bytes():
         if line.startswith("RssAnon:"):
             return int(line.split()[1]) * 1024
 
-peak, done = [0], threading.Event()
+def peak_growth(load):
+    # the peak of this process's own memory while `load()` runs, over the memory it held before, in model sizes
+    gc.collect()
+    before = anonymous_bytes()
+    peak, done = [0], threading.Event()
 
-def watch():
-    while not done.is_set():
-        peak[0] = max(peak[0], anonymous_bytes())
-        time.sleep(0.0005)
+    def watch():
+        while not done.is_set():
+            peak[0] = max(peak[0], anonymous_bytes())
+            time.sleep(0.0005)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    model, kept = load()
+    done.set()
+    watcher.join()
+    after = max(peak[0], anonymous_bytes())
+    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert size > 80 << 20
+    return (after - before) / size
+
+def load(copy):
+    model = load_model(sys.argv[1], progress=False).model
+    return model, [p.detach().clone() for p in model.parameters()] if copy else []
 
 # a first load imports what loading needs (about 70 MB of the process's own memory, whatever the model's size);
-# with glibc's mmap threshold fixed by the caller, its freed tensors go back to the system at once
+# with glibc's mmap threshold fixed by the caller, its freed tensors go back to the system at once, the plain
+# measured load's among them before the load that copies its weights is measured
 load_model(sys.argv[1], progress=False)
-gc.collect()
-before = anonymous_bytes()
-watcher = threading.Thread(target=watch)
-watcher.start()
-model = load_model(sys.argv[1], progress=False).model
-kept = [p.detach().clone() for p in model.parameters()] if sys.argv[2] == "copy" else []
-done.set()
-watcher.join()
-after = max(peak[0], anonymous_bytes())
-size = sum(p.numel() * p.element_size() for p in model.parameters())
-print(before, after, size)
+print(peak_growth(lambda: load(copy=False)), peak_growth(lambda: load(copy=True)))
 """
 
 
-def peak_growth_while_loading(path, extra: str) -> float:
+def peak_growths_while_loading(path) -> tuple[float, float]:
+    """The peak growth of a process's own memory while it loads the checkpoint, in model sizes: a plain load, then
+    one that keeps a copy of the weights on purpose (one process, its imports and first load left out of both)."""
     # a fixed mmap threshold keeps glibc from raising it as blocks are freed, so a freed tensor leaves the process
     # instead of staying in its heap and counting as used
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(128 << 10)}
-    out = subprocess.run([sys.executable, "-c", PEAK_RSS_SCRIPT, str(path), extra], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", PEAK_RSS_SCRIPT, str(path)], capture_output=True, text=True,
                          check=True, env=env)
-    before, after, size = map(int, out.stdout.split())
-    assert size > 80 << 20
-    return (after - before) / size
+    plain, copied = map(float, out.stdout.split())
+    return plain, copied
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the peak from /proc (Linux)")
@@ -519,9 +529,9 @@ def test_peak_memory_while_loading_stays_near_the_model_size(make_tiny):
     spec = TinySpec(hidden_size=512, intermediate_size=2048, num_hidden_layers=8, num_attention_heads=8,
                     num_key_value_heads=2, head_dim=64)
     path = make_tiny(spec=spec, seed=1)
-    growth = peak_growth_while_loading(path, "none")
+    growth, with_a_copy = peak_growths_while_loading(path)
     assert growth < 1.3, growth
-    assert peak_growth_while_loading(path, "copy") > growth + 0.8
+    assert with_a_copy > growth + 0.8, (growth, with_a_copy)
 
 
 def test_inspect_reports_layouts_counts_and_warnings(make_tiny, capsys):
