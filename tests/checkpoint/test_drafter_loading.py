@@ -49,19 +49,20 @@ def test_both_layouts_load_the_same_parameters(target, tmp_path):
 
 
 def test_cli_writes_a_drafter_for_a_target(target, tmp_path):
+    from glimmer.cli import main
+
     out = tmp_path / "cli-drafter"
-    subprocess.run([sys.executable, "-m", "glimmer.cli", "make-tiny", str(out), "--drafter-for", str(target),
-                    "--layout", "native"], check=True, capture_output=True)
+    assert main(["make-tiny", str(out), "--drafter-for", str(target), "--layout", "native"]) == 0
     assert (out / "head.pt").is_file()
     assert _load(out, target).config.block_size == 16  # the release's block, as the README's example needs
 
 
 def test_the_cli_drafter_runs_the_readme_speculative_example(target, tmp_path):
+    from glimmer.cli import main
     from glimmer.engine.llm import LLM
 
     out = tmp_path / "cli-drafter"
-    subprocess.run([sys.executable, "-m", "glimmer.cli", "make-tiny", str(out), "--drafter-for", str(target)],
-                   check=True, capture_output=True)
+    assert main(["make-tiny", str(out), "--drafter-for", str(target)]) == 0
     llm = LLM(str(target), speculative_config={"method": "dflash", "model": str(out), "num_speculative_tokens": 15})
     assert llm.engine.drafter.config.block_size == 16
 
