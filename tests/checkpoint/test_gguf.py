@@ -819,7 +819,7 @@ def test_an_empty_mmproj_path_is_refused_as_empty(f32_gguf, capsys, mmproj):
         assert refusal in capsys.readouterr().err
 
 
-def test_an_image_sent_to_a_gguf_without_mmproj_is_refused_naming_mmproj(f32_gguf, tiny_checkpoint):
+def test_an_image_sent_to_a_gguf_without_mmproj_is_refused_naming_mmproj(f32_gguf, tiny_checkpoint, same_cpu_kernels):
     """QA: an image sent to a GGUF loaded without --mmproj was refused as sent to a model with no vision tower, not
     saying that a GGUF's vision tower is the separate mmproj file; a safetensors checkpoint's refusal does not."""
     from PIL import Image
