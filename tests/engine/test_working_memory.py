@@ -13,6 +13,9 @@ from glimmer.engine.model_runner import EncoderCache
 from glimmer.engine.working_memory import WorkingMemory, graph_output_bytes
 from glimmer.multimodal import MediaLimits, MediaProcessor, MediaSettings, image_grid, smart_resize
 
+# the engines built here are sized, not timed: the kernels their load would time are fixed (conftest.py)
+pytestmark = pytest.mark.usefixtures("same_cpu_kernels")
+
 
 def test_each_captured_decode_graph_keeps_its_batch_of_logits():
     # 256 sequences: 1, 2, 4, 8, 16, ..., 256 rows of the 30B's 262,144 logits in bf16
