@@ -49,8 +49,9 @@ def test_padding_rows_of_the_vocabulary_are_never_sampled_but_keep_their_raw_log
     vocab = llm.engine.model_config.text.vocab_size
     assert tokens < vocab
     prompts = _prompts()
-    unmasked = [reference_greedy(reference, prompt, NEW_TOKENS) for prompt in prompts]
-    assert any(t >= tokens for ids in unmasked for t in ids)  # the case this test is about occurs
+    # the case this test is about occurs (the reference's unmasked greedy run of each prompt, up to the first that
+    # shows it)
+    assert any(t >= tokens for prompt in prompts for t in reference_greedy(reference, prompt, NEW_TOKENS))
     for params in (SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True),
                    SamplingParams(temperature=50.0, max_tokens=NEW_TOKENS, ignore_eos=True, seed=3)):
         for output in llm.generate(prompts, params):
@@ -88,14 +89,18 @@ def test_generation_is_identical_one_at_a_time_and_batched(llm):
 
 
 def _penalized_reference_greedy(reference, prompt: list[int], max_new_tokens: int, token_count: int,
-                                params: SamplingParams, swapped: bool = False) -> list[int]:
+                                params: SamplingParams, swapped: bool = False,
+                                until_it_leaves: list[int] | None = None) -> list[int]:
     """Greedy decoding of the reference's logits moved as vLLM (and OpenAI) define it, written out plainly: the
     logit bias first; the repetition penalty over every id of the prompt and the output (a positive logit divided,
     a negative one multiplied); the frequency and presence penalties over the output's ids only, by their count.
     `swapped`: the wrong reading, which ids count swapped (the repetition penalty over the output's, the frequency
-    and presence penalties over the prompt's too)."""
+    and presence penalties over the prompt's too). `until_it_leaves`: the run ends at its first token that differs
+    from that list's, whose later tokens cannot make it equal."""
     output: list[int] = []
-    for _ in range(max_new_tokens):
+    for step in range(max_new_tokens):
+        if until_it_leaves is not None and output != until_it_leaves[:step]:
+            break
         logits = reference_logits(reference, prompt + output)[-1].clone()
         for token_id, bias in (params.logit_bias or {}).items():
             logits[token_id] += bias
@@ -109,22 +114,30 @@ def _penalized_reference_greedy(reference, prompt: list[int], max_new_tokens: in
     return output
 
 
+@pytest.fixture(scope="module")
+def penalty_prompt(llm, reference) -> list[int]:
+    """A prompt that ends with its own greedy continuation, so that the ids it holds are ones the model would
+    choose."""
+    prompt = _prompts()[2]
+    return prompt + reference_greedy(reference, prompt, 12, llm.engine.token_count)
+
+
 @pytest.mark.parametrize("penalties", [
     {"repetition_penalty": 1.8}, {"repetition_penalty": 0.6}, {"presence_penalty": 1.5},
     {"frequency_penalty": 0.9}, {"presence_penalty": -1.0, "frequency_penalty": -0.5},
     {"repetition_penalty": 1.3, "presence_penalty": 0.7, "frequency_penalty": 0.4, "logit_bias": {5: 6.0, 77: -3.0}}])
-def test_greedy_penalties_and_logit_bias_move_the_reference_logits_as_vllm_defines_them(llm, reference, penalties):
+def test_greedy_penalties_and_logit_bias_move_the_reference_logits_as_vllm_defines_them(llm, reference, penalty_prompt,
+                                                                                        penalties):
     """Which ids count is what these check: the prompt's only for the repetition penalty; raw logprobs stay the
     reference's own distribution whatever moved the logits the token was chosen from."""
     tokens = llm.engine.token_count
-    # the prompt ends with its own greedy continuation, so that the ids it holds are ones the model would choose
-    prompt = _prompts()[2]
-    prompt += reference_greedy(reference, prompt, 12, tokens)
+    prompt = penalty_prompt
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=0, **penalties)
     output = llm.generate([prompt], params)[0]
     assert output.token_ids == _penalized_reference_greedy(reference, prompt, 24, tokens, params)
     # this case tells the two readings apart, so the check above could fail
-    assert output.token_ids != _penalized_reference_greedy(reference, prompt, 24, tokens, params, swapped=True)
+    assert output.token_ids != _penalized_reference_greedy(reference, prompt, 24, tokens, params, swapped=True,
+                                                           until_it_leaves=output.token_ids)
     expected = torch.log_softmax(reference_logits(reference, prompt + output.token_ids), dim=-1)
     for step, entry in enumerate(output.logprobs):
         assert abs(entry.logprob - expected[len(prompt) - 1 + step][entry.token_id].item()) < 1e-4
