@@ -23,9 +23,13 @@ from glimmer.engine.sampling_params import (
 from glimmer.engine.stop_strings import StopStringMatcher
 from glimmer.errors import ConfigError, RequestError
 
+# the engines here sample; which CPU kernels compute their logits is not what they check, so the kernels their load
+# would time are fixed (conftest.py)
+pytestmark = pytest.mark.usefixtures("same_cpu_kernels")
+
 
 @pytest.fixture(scope="module")
-def llm(tiny_checkpoint):
+def llm(tiny_checkpoint, same_cpu_kernels_in_module):
     return LLM(str(tiny_checkpoint), progress=False)
 
 
