@@ -65,7 +65,7 @@ def test_the_evaluation_set_declares_only_held_out_names_and_mixes_every_kind():
     assert all(is_held_out(t["function"]["name"]) for c in conversations for t in c.tools or [])
 
 
-def test_the_embedded_model_speaks_the_protocol_on_a_few_held_out_turns():
+def test_the_embedded_model_speaks_the_protocol_on_a_few_held_out_turns(same_cpu_kernels):
     """Framing, declared names (an undeclared one is a parser warning, so ill-formed), the right one of several
     declared tools, no call where none fits and answers from the result. The rates over 500 conversations are
     measured by `python -m glimmer.train_nano.evaluate` (README), not here."""
