@@ -38,6 +38,9 @@ from glimmer.tiny import TinySpec, write_tiny_checkpoint
 
 IDS = list(range(3, 70))
 K_SPEC = TinySpec(hidden_size=256, intermediate_size=512, num_hidden_layers=4, head_dim=64, sliding_window=16)
+# what a GGUF loads is checked here, not which CPU kernels run it: the kernels an engine's load would time are fixed
+# (conftest.py)
+pytestmark = pytest.mark.usefixtures("same_cpu_kernels")
 
 
 def logits(model) -> torch.Tensor:
@@ -819,7 +822,7 @@ def test_an_empty_mmproj_path_is_refused_as_empty(f32_gguf, capsys, mmproj):
         assert refusal in capsys.readouterr().err
 
 
-def test_an_image_sent_to_a_gguf_without_mmproj_is_refused_naming_mmproj(f32_gguf, tiny_checkpoint, same_cpu_kernels):
+def test_an_image_sent_to_a_gguf_without_mmproj_is_refused_naming_mmproj(f32_gguf, tiny_checkpoint):
     """QA: an image sent to a GGUF loaded without --mmproj was refused as sent to a model with no vision tower, not
     saying that a GGUF's vision tower is the separate mmproj file; a safetensors checkpoint's refusal does not."""
     from PIL import Image
