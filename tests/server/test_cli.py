@@ -1877,14 +1877,22 @@ def test_in_process_chat_limits_that_refuse_every_message_are_one_line_before_th
         assert word in last
 
 
-@pytest.mark.parametrize("argv", [["--log-level", "INFO", "chat"], ["chat", "--log-level", "DEBUG"]])
-def test_an_in_process_chat_logs_at_the_log_level_given(tiny_checkpoint, argv):
-    """The chat quieted the logs to WARNING whatever --log-level said: `--log-level DEBUG` printed nothing."""
-    def chat(argv):
-        return subprocess.run([sys.executable, "-m", "glimmer.cli", *argv, str(tiny_checkpoint), "--max-tokens", "1",
-                               "--kv-cache-memory", "50MiB"], input="", capture_output=True, text=True, timeout=300)
+def _chat_with_empty_stdin(checkpoint: Path, argv: list[str]) -> subprocess.CompletedProcess:
+    """`glimmer ARGV CHECKPOINT` (a chat) in a process of its own, whose logging nothing in this one has set up."""
+    return subprocess.run([sys.executable, "-m", "glimmer.cli", *argv, str(checkpoint), "--max-tokens", "1",
+                           "--kv-cache-memory", "50MiB"], input="", capture_output=True, text=True, timeout=300)
 
-    quiet, logged = chat(["chat"]), chat(argv)
+
+@pytest.fixture(scope="module")
+def chat_without_log_level(tiny_checkpoint) -> subprocess.CompletedProcess:
+    """`glimmer chat TINY` without --log-level, run once for the module: each --log-level case compares with it."""
+    return _chat_with_empty_stdin(tiny_checkpoint, ["chat"])
+
+
+@pytest.mark.parametrize("argv", [["--log-level", "INFO", "chat"], ["chat", "--log-level", "DEBUG"]])
+def test_an_in_process_chat_logs_at_the_log_level_given(tiny_checkpoint, chat_without_log_level, argv):
+    """The chat quieted the logs to WARNING whatever --log-level said: `--log-level DEBUG` printed nothing."""
+    quiet, logged = chat_without_log_level, _chat_with_empty_stdin(tiny_checkpoint, argv)
     assert quiet.returncode == logged.returncode == 0, logged.stderr
     assert "INFO glimmer.engine.llm_engine: engine ready" in logged.stderr
     assert "INFO" not in quiet.stderr and "DEBUG" not in quiet.stderr  # not given: the chat's own WARNING
