@@ -1179,14 +1179,13 @@ def test_run_batch_stopped_before_its_output_is_emptied_says_the_output_is_as_it
     assert (tmp_path / "out.jsonl").read_text() == "an earlier run's\n"
 
 
-def test_chat_in_process_with_the_default_model(cache_env):
-    result = subprocess.run([sys.executable, "-m", "glimmer.cli", "chat", "--max-tokens", "80", "--no-color",
-                             "--max-model-len", "2048", "--kv-cache-memory", "50MiB"],
-                            input="Hello!\n/exit\n", env=cache_env, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert "embedded demo model glimmer-nano" in result.stdout
-    assert "What can I do for you?" in result.stdout or "How can I help you today?" in result.stdout
-    assert "error" not in result.stdout
+def test_chat_in_process_with_the_default_model(chat_in_process):
+    code, out, err = chat_in_process(["--max-tokens", "80", "--max-model-len", "2048"], stdin=b"Hello!\n/exit\n",
+                                     default_model=True)
+    assert code == 0, err
+    assert "embedded demo model glimmer-nano" in out
+    assert "What can I do for you?" in out or "How can I help you today?" in out
+    assert "error" not in out
 
 
 def test_a_bad_model_is_one_clear_line_and_exit_code_2(cache_env, tmp_path):
@@ -1831,21 +1830,22 @@ def _typed(lines: list[str]):
 @pytest.fixture
 def chat_in_process(capsys, monkeypatch, tiny_checkpoint):
     """chat(args, lines) runs `glimmer chat TINY ARGS` in this process, typing `lines` at a terminal and then /exit
-    (piped: `lines` read from a pipe, then its end; `stdin`: these bytes piped in): (exit code, stdout, stderr).
-    The loggers the chat quiets get their levels back afterwards."""
+    (piped: `lines` read from a pipe, then its end; `stdin`: these bytes piped in; `default_model`: no MODEL, the
+    embedded demo model): (exit code, stdout, stderr). The loggers the chat quiets get their levels back afterwards."""
     from glimmer.cli import main
 
     quieted = [logging.getLogger(), logging.getLogger("glimmer.protocol")]
     levels = [logger.level for logger in quieted]
 
-    def chat(args: list[str], lines: list[str] = (), *, piped: bool = False, stdin: bytes | None = None
-             ) -> tuple[int, str, str]:
+    def chat(args: list[str], lines: list[str] = (), *, piped: bool = False, stdin: bytes | None = None,
+             default_model: bool = False) -> tuple[int, str, str]:
         if stdin is None:
             monkeypatch.setattr("builtins.input", _typed([*lines] if piped else [*lines, "/exit"]))
             monkeypatch.setattr(sys.stdin, "isatty", lambda: not piped)
         else:  # `stdin` piped in, read by input() as a UTF-8 locale's stdin reads it: strictly
             monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8", errors="strict"))
-        code = main(["chat", str(tiny_checkpoint), "--kv-cache-memory", "50MiB", "--no-color", *args])
+        model = [] if default_model else [str(tiny_checkpoint)]
+        code = main(["chat", *model, "--kv-cache-memory", "50MiB", "--no-color", *args])
         captured = capsys.readouterr()
         return code, captured.out, captured.err
 
