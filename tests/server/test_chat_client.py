@@ -468,10 +468,17 @@ def test_a_refused_request_is_one_line_with_the_servers_message_and_the_chat_goe
     assert out.getvalue().split("\n", 1)[1] == refusal * 2
 
 
+@pytest.fixture(scope="module")
+def keyed_server(make_tiny):
+    """A server whose API key is "secret-key", shared by the tests of the keys the chat sends it (none changes it)."""
+    with live_server(make_tiny(), api_key="secret-key") as server:
+        yield server
+
+
 @pytest.mark.parametrize("api_key", [None, "wrong-key"])
-def test_a_keyed_server_refusing_the_chat_says_how_to_give_the_key(make_tiny, api_key):
-    with live_server(make_tiny(), api_key="right-key") as server, pytest.raises(ChatClientError) as refused:
-        check_server(server.url, api_key)
+def test_a_keyed_server_refusing_the_chat_says_how_to_give_the_key(keyed_server, api_key):
+    with pytest.raises(ChatClientError) as refused:
+        check_server(keyed_server.url, api_key)
     message = str(refused.value)
     assert ("refused the API key" if api_key else "needs an API key") in message
     assert message.endswith("pass the server's key with --api-key KEY or set GLIMMER_API_KEY")
@@ -490,32 +497,31 @@ def test_a_key_outside_ascii_reaches_a_glimmer_server_that_holds_it(make_tiny, k
     assert failed == 0 and "error" not in out.getvalue()
 
 
-def test_a_key_ending_in_a_newline_is_sent_without_it_and_one_holding_a_line_break_is_refused_unechoed(make_tiny):
+def test_a_key_ending_in_a_newline_is_sent_without_it_and_one_holding_a_line_break_is_refused_unechoed(keyed_server):
     """A key read from a file (`GLIMMER_API_KEY="$(<key.txt)"` keeps none, an env file may) ended in a newline, which
     no header can carry: the chat said `cannot reach URL: Invalid header value b'Bearer KEY\\n'`, echoing the key,
     and to start the server. The server strips its own key; the chat strips the one it sends."""
-    with live_server(make_tiny(), api_key="secret-key") as server:
-        check_server(server.url, "secret-key\n")
-        with pytest.raises(ChatClientError) as refused:
-            check_server(server.url, "secret\nkey")
+    check_server(keyed_server.url, "secret-key\n")
+    with pytest.raises(ChatClientError) as refused:
+        check_server(keyed_server.url, "secret\nkey")
     assert "secret" not in str(refused.value) and "a control character, which no HTTP header can carry" in str(
         refused.value)
 
 
 @pytest.mark.parametrize("key", ["secret\x00key", "secret\x1bkey", "secret\x7fkey"])
-def test_a_key_holding_any_control_character_is_refused_unechoed_by_the_servers_rule(make_tiny, key):
+def test_a_key_holding_any_control_character_is_refused_unechoed_by_the_servers_rule(keyed_server, key):
     """The chat refused a line break alone; another control character (NUL, ESC, DEL), which `glimmer serve` refuses
     in its own key (`sendable_in_a_header`), went on to the request. It is refused in the server's words."""
-    with live_server(make_tiny(), api_key="secret-key") as server, pytest.raises(ChatClientError) as refused:
-        check_server(server.url, key)
+    with pytest.raises(ChatClientError) as refused:
+        check_server(keyed_server.url, key)
     assert "secret" not in str(refused.value) and UNSENDABLE_KEY in str(refused.value)
 
 
-def test_a_blank_key_is_no_key_as_an_empty_one_is(make_tiny):
+def test_a_blank_key_is_no_key_as_an_empty_one_is(keyed_server):
     """A whitespace-only GLIMMER_API_KEY stripped to nothing and was sent as `Bearer `, so a keyed server said it
     refused the key given; like an empty one (`GLIMMER_API_KEY=`), it is no key."""
-    with live_server(make_tiny(), api_key="secret-key") as server, pytest.raises(ChatClientError) as refused:
-        check_server(server.url, " \t ")
+    with pytest.raises(ChatClientError) as refused:
+        check_server(keyed_server.url, " \t ")
     assert "needs an API key" in str(refused.value)
 
 
