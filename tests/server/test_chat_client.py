@@ -392,24 +392,33 @@ def test_a_chat_exchange_against_a_live_server(make_tiny):
 RESULT_PROMPT = 'get_weather({"city": "Paris"}) result> '
 
 
-def scripted_tool_chat(make_tiny, lines):
-    """A chat with --tools against a scripted server: [weather] calls get_weather, [sunny-result] answers."""
+@pytest.fixture(scope="module")
+def tool_server(make_tiny):
+    """The scripted agent server the tool chats talk to, shared by the module: [weather] calls get_weather,
+    [sunny-result] answers."""
     with agent_server(make_tiny()) as server:
-        prompts = []
-        out = io.StringIO()
-
-        def read_line(prompt):
-            prompts.append(prompt)
-            return next(lines)
-
-        run_chat(server.url, model="tiny", api_key=None, out=out, read_line=read_line, tools=[WEATHER_TOOL],
-                 request_options={"temperature": 0, "chat_template_kwargs": {"current_date": "2026-01-01"}},
-                 color=False)
-        return out.getvalue(), prompts, server.engine.engine.runner.prompts
+        yield server
 
 
-def test_a_tool_call_in_the_chat_asks_for_its_result_and_the_reply_goes_on_from_it(make_tiny):
-    text, prompts, model_prompts = scripted_tool_chat(make_tiny, iter(["[weather] in Paris?", "[sunny-result]",
+def scripted_tool_chat(server, lines):
+    """A chat with --tools against `server` (tool_server): the chat's text, the prompts it showed, and the prompts
+    the model saw in this chat."""
+    prompts = []
+    out = io.StringIO()
+    seen_before = len(server.engine.engine.runner.prompts)
+
+    def read_line(prompt):
+        prompts.append(prompt)
+        return next(lines)
+
+    run_chat(server.url, model="tiny", api_key=None, out=out, read_line=read_line, tools=[WEATHER_TOOL],
+             request_options={"temperature": 0, "chat_template_kwargs": {"current_date": "2026-01-01"}},
+             color=False)
+    return out.getvalue(), prompts, server.engine.engine.runner.prompts[seen_before:]
+
+
+def test_a_tool_call_in_the_chat_asks_for_its_result_and_the_reply_goes_on_from_it(tool_server):
+    text, prompts, model_prompts = scripted_tool_chat(tool_server, iter(["[weather] in Paris?", "[sunny-result]",
                                                                        "/exit"]))
     assert prompts == ["you> ", RESULT_PROMPT, "you> "]
     assert '→ get_weather({"city": "Paris"})' in text and "The tool says sunny.\nIt is sunny in Paris.\n" in text
@@ -420,9 +429,9 @@ def test_a_tool_call_in_the_chat_asks_for_its_result_and_the_reply_goes_on_from_
 
 
 @pytest.mark.parametrize("answer", ["/exit", "/reset"])
-def test_exit_or_reset_at_a_result_prompt_drop_the_unanswered_turn(make_tiny, answer):
+def test_exit_or_reset_at_a_result_prompt_drop_the_unanswered_turn(tool_server, answer):
     lines = iter(["[weather] in Paris?", answer, "[greet] hi", "/exit"])
-    text, prompts, model_prompts = scripted_tool_chat(make_tiny, lines)
+    text, prompts, model_prompts = scripted_tool_chat(tool_server, lines)
     if answer == "/exit":
         assert prompts == ["you> ", RESULT_PROMPT] and len(model_prompts) == 1
     else:  # the next message starts a new conversation: no trace of the call
@@ -430,19 +439,19 @@ def test_exit_or_reset_at_a_result_prompt_drop_the_unanswered_turn(make_tiny, an
         assert "Hello there!" in text and "[weather]" not in model_prompts[-1]
 
 
-def test_an_unknown_command_at_a_result_prompt_asks_for_the_result_again(make_tiny):
+def test_an_unknown_command_at_a_result_prompt_asks_for_the_result_again(tool_server):
     lines = iter(["[weather] in Paris?", "/foo", "[sunny-result]", "/exit"])
-    text, prompts, _ = scripted_tool_chat(make_tiny, lines)
+    text, prompts, _ = scripted_tool_chat(tool_server, lines)
     assert prompts == ["you> ", RESULT_PROMPT, RESULT_PROMPT, "you> "]
     assert "unknown command /foo: the commands are /reset, /exit and /quit" in text
     assert "It is sunny in Paris.\n" in text
 
 
-def test_end_of_input_at_a_result_prompt_ends_the_chat(make_tiny):
+def test_end_of_input_at_a_result_prompt_ends_the_chat(tool_server):
     def lines():
         yield "[weather] in Paris?"
         raise EOFError
-    text, prompts, _ = scripted_tool_chat(make_tiny, lines())
+    text, prompts, _ = scripted_tool_chat(tool_server, lines())
     assert prompts == ["you> ", RESULT_PROMPT] and text.endswith("\n")
 
 
