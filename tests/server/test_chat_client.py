@@ -477,10 +477,14 @@ def test_a_refused_request_is_one_line_with_the_servers_message_and_the_chat_goe
     assert out.getvalue().split("\n", 1)[1] == refusal * 2
 
 
+KEYS_OUTSIDE_ASCII = ["sk\u2010\u043a\u043b\u044e\u0447", "caf\u00e9-key"]  # beyond Latin-1, and within it
+
+
 @pytest.fixture(scope="module")
 def keyed_server(make_tiny):
-    """A server whose API key is "secret-key", shared by the tests of the keys the chat sends it (none changes it)."""
-    with live_server(make_tiny(), api_key="secret-key") as server:
+    """A server whose API keys are "secret-key" and KEYS_OUTSIDE_ASCII, shared by the tests of the keys the chat sends
+    it (none changes it)."""
+    with live_server(make_tiny(), api_key=("secret-key", *KEYS_OUTSIDE_ASCII)) as server:
         yield server
 
 
@@ -493,16 +497,15 @@ def test_a_keyed_server_refusing_the_chat_says_how_to_give_the_key(keyed_server,
     assert message.endswith("pass the server's key with --api-key KEY or set GLIMMER_API_KEY")
 
 
-@pytest.mark.parametrize("key", ["sk\u2010\u043a\u043b\u044e\u0447", "caf\u00e9-key"])
-def test_a_key_outside_ascii_reaches_a_glimmer_server_that_holds_it(make_tiny, key):
+@pytest.mark.parametrize("key", KEYS_OUTSIDE_ASCII)
+def test_a_key_outside_ascii_reaches_a_glimmer_server_that_holds_it(keyed_server, key):
     """A key beyond Latin-1 (a pasted U+2010 hyphen, Cyrillic) could not be put in a header by http.client: the chat
     said `cannot reach URL: ... ordinal not in range(256); start the server there`, of a running server. It is sent in
     UTF-8, as curl sends it, which the server takes; a key within Latin-1 still goes as Latin-1 (as vLLM reads it)."""
-    with live_server(make_tiny(), api_key=key) as server:
-        check_server(server.url, key)
-        lines, out = iter(["hello", "/exit"]), io.StringIO()
-        failed = run_chat(server.url, model=None, api_key=key, out=out, read_line=lambda prompt: next(lines),
-                          request_options={"max_tokens": 2}, color=False)
+    check_server(keyed_server.url, key)
+    lines, out = iter(["hello", "/exit"]), io.StringIO()
+    failed = run_chat(keyed_server.url, model=None, api_key=key, out=out, read_line=lambda prompt: next(lines),
+                      request_options={"max_tokens": 2}, color=False)
     assert failed == 0 and "error" not in out.getvalue()
 
 
