@@ -65,8 +65,9 @@ def vision_ggufs(make_tiny, tmp_path_factory) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="module")
-def llms(tiny_checkpoint, f32_gguf) -> tuple[LLM, LLM]:
-    """(from the safetensors directory, from its F32 GGUF)."""
+def llms(tiny_checkpoint, f32_gguf, same_cpu_kernels_in_module) -> tuple[LLM, LLM]:
+    """(from the safetensors directory, from its F32 GGUF), their kernels fixed as the module's tests' are (a
+    module-scoped fixture is set up before the tests' own `same_cpu_kernels`)."""
     return LLM(str(tiny_checkpoint)), LLM(str(f32_gguf))
 
 
