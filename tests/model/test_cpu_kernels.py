@@ -311,7 +311,7 @@ def test_a_flag_set_that_builds_what_cannot_load_gives_way_to_the_next(tmp_path,
     unresolved.write_text("void __kmpc_absent(void);\nvoid glimmer_parallel(void) { __kmpc_absent(); }\n")
     zig_like = tmp_path / "zigcc"
     zig_like.write_text(f'#!/bin/sh\ncase " $* " in *" -fopenmp "*) set -- "$@" {unresolved};; esac\n'
-                        f'exec {_unoptimized(tmp_path)[0]} "$@"\n')
+                        f'exec {shlex.join(_unoptimized(tmp_path))} "$@"\n')
     zig_like.chmod(0o755)
     caplog.set_level("INFO")
     built = cpu._build([str(zig_like)])
@@ -388,7 +388,7 @@ def test_a_library_whose_loading_ends_the_process_is_refused_in_a_child_not_load
                            "-o", str(tmp_path / "probe.so")], capture_output=True)
     if asan.returncode != 0:
         pytest.skip("the compiler builds no AddressSanitizer library here")
-    env = {**os.environ, "CC": f"{_unoptimized(tmp_path)[0]} -fsanitize=address",
+    env = {**os.environ, "CC": f"{shlex.join(_unoptimized(tmp_path))} -fsanitize=address",
            "XDG_CACHE_HOME": str(tmp_path / "cache"), "PYTHONPATH": str(Path(cpu.__file__).parents[4])}
     load = "from glimmer.model.kernels import cpu; print('library', cpu.library())"
     done = subprocess.run([sys.executable, "-c", load], env=env, capture_output=True, text=True, timeout=600)
@@ -419,7 +419,7 @@ def test_a_cached_library_whose_runtime_is_gone_is_built_again(tmp_path, monkeyp
     (tmp_path / "use.c").write_text("int glimmer_runtime(void);\nint glimmer_uses(void) { return glimmer_runtime(); }")
     linking = tmp_path / "ompcc"
     linking.write_text(f'#!/bin/sh\ncase " $* " in *" -fopenmp "*) set -- "$@" {tmp_path / "use.c"} -L{runtime} '
-                       f'-Wl,-rpath,{runtime} -lgrt;; esac\nexec {_unoptimized(tmp_path)[0]} "$@"\n')
+                       f'-Wl,-rpath,{runtime} -lgrt;; esac\nexec {shlex.join(_unoptimized(tmp_path))} "$@"\n')
     linking.chmod(0o755)
     start = ("import ctypes, logging; from glimmer.model.kernels import cpu; logging.basicConfig()\n"
              f"built = cpu._build([{str(linking)!r}]); print(built, hasattr(ctypes.CDLL(str(built)), 'glimmer_uses'))")
