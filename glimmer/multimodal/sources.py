@@ -178,13 +178,14 @@ def _read_local(path_text: str, kind: str, index: int, policy: MediaFetchPolicy)
     refused = _error(kind, index, f"{shown} is not a readable file under the allowed media directories")
     try:
         resolved = Path(path_text).expanduser().resolve(strict=True)
-        allowed = _is_under(resolved, policy.allowed_local_paths) and resolved.is_file()
+        root = _allowed_root(resolved, policy.allowed_local_paths)
+        allowed = root is not None and resolved.is_file()
     except (OSError, RuntimeError, ValueError):  # missing, unreadable, a NUL byte, a symlink loop
         allowed = False
     if not allowed:
         raise refused
     try:
-        with _open_as_checked(resolved, policy.allowed_local_paths) as (file, size):
+        with _open_as_checked(resolved, root) as (file, size):
             if size > policy.max_bytes:
                 raise _error(kind, index, f"file is {size:,} bytes, more than the limit of {policy.max_bytes:,}")
             # a byte past its size to see it grow while read (or hold more than it reports, as /proc's files do);
@@ -199,8 +200,9 @@ def _read_local(path_text: str, kind: str, index: int, policy: MediaFetchPolicy)
     return data
 
 
-def _is_under(path: Path, roots: Sequence[Path]) -> bool:
-    return any(path.is_relative_to(root) for root in roots)
+def _allowed_root(path: Path, roots: Sequence[Path]) -> Path | None:
+    """The first of the allowed directories `roots` that holds `path`, None if none does."""
+    return next((root for root in roots if path.is_relative_to(root)), None)
 
 
 # Someone writing into an allowed directory can swap a checked file, or a directory above it, before it is opened. So
@@ -216,11 +218,11 @@ _FILE_OPEN_FLAGS = (os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_
 
 
 @contextmanager
-def _open_as_checked(checked: Path, roots: Sequence[Path]) -> Iterator[tuple[BinaryIO, int]]:
-    """(the file, its size in bytes) of `checked`, a path resolved under `roots`, opened by walking it from its
-    allowed directory (`_open_under_root`) and checked as opened to be a regular file. Raises OSError for anything
+def _open_as_checked(checked: Path, root: Path) -> Iterator[tuple[BinaryIO, int]]:
+    """(the file, its size in bytes) of `checked`, a path resolved under the allowed directory `root`, opened by
+    walking it from there (`_open_under_root`) and checked as opened to be a regular file. Raises OSError for anything
     else, or if it cannot be opened."""
-    fd = _open_under_root(checked, roots) if _OPEN_WALKS_FROM_A_DIRECTORY else _open_and_resolve_again(checked)
+    fd = _open_under_root(checked, root) if _OPEN_WALKS_FROM_A_DIRECTORY else _open_and_resolve_again(checked)
     with os.fdopen(fd, "rb") as file:
         opened = os.fstat(fd)
         if not stat.S_ISREG(opened.st_mode):
@@ -228,10 +230,9 @@ def _open_as_checked(checked: Path, roots: Sequence[Path]) -> Iterator[tuple[Bin
         yield file, opened.st_size
 
 
-def _open_under_root(checked: Path, roots: Sequence[Path]) -> int:
-    """A descriptor of `checked`, each component of its path below its allowed directory opened in the one before
-    it, none followed if a symlink. Raises OSError if one cannot be opened so."""
-    root = next(root for root in roots if checked.is_relative_to(root))
+def _open_under_root(checked: Path, root: Path) -> int:
+    """A descriptor of `checked`, each component of its path below its allowed directory `root` opened in the one
+    before it, none followed if a symlink. Raises OSError if one cannot be opened so."""
     *directories, name = checked.relative_to(root).parts
     fd = os.open(root, _DIRECTORY_OPEN_FLAGS)
     try:
